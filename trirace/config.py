@@ -1,0 +1,128 @@
+"""One validated training configuration, from defaults, a YAML file and flags (in that order
+of precedence, flags last). Every problem becomes a one-line ConfigError.
+
+pydantic does the type checking and coercion, so each flag and YAML key is declared once,
+here, with its default and its constraint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError, UsageError
+from .models import PRESETS, ModelSpec, layer_names
+from .plan.partition import check_sizes
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field("gpt-tiny", description="model preset: " + ", ".join(PRESETS))
+    pp: int = Field(2, ge=1, description="pipeline depth (stages)")
+    dp: int = Field(2, ge=1, description="data-parallel width (replicas per stage)")
+    schedule: Literal["2bw", "1f1b", "gpipe"] = Field("2bw", description="pipeline schedule")
+    micro_batches: int = Field(4, ge=1, description="micro-batches per step, per replica")
+    micro_batch_size: int = Field(4, ge=1, description="sequences per micro-batch")
+    seq_len: int | None = Field(None, ge=2, description="tokens per sequence (default: min(model max, 128))")
+    steps: int = Field(40, ge=1, description="optimizer steps")
+    lr: float | None = Field(None, gt=0, description="learning rate (default 1e-3 adam, 0.1 sgd)")
+    optimizer: Literal["adam", "sgd"] = "adam"
+    seed: int = Field(0, ge=0)
+    data: str = Field("stdlib", description="'stdlib' (Python's own sources), 'synthetic', or a file/dir of text")
+    partition: list[int] | None = Field(None, description="layers per stage, e.g. [3, 4]; default balances")
+    balance: Literal["time", "params"] = Field("time", description="what the partitioner balances")
+    rank_order: Literal["dp-inner", "pp-inner"] = "dp-inner"
+    metrics_out: Path | None = Field(None, description="JSON lines, one object per step")
+    progress: bool = Field(True, description="show a progress bar")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        if v not in PRESETS:
+            raise ValueError(f"unknown model preset {v!r}; choose from {', '.join(PRESETS)}")
+        return v
+
+    @field_validator("partition", mode="before")
+    @classmethod
+    def _split_partition(cls, v: Any) -> Any:
+        return [int(x) for x in v.split(",")] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainConfig":
+        spec = PRESETS[self.model]
+        n_layers = len(layer_names(spec))
+        if self.pp > n_layers:
+            raise ValueError(f"pp={self.pp} is more stages than {self.model}'s {n_layers} layers")
+        if self.schedule == "2bw" and self.micro_batches < self.pp:
+            raise ValueError(
+                f"2bw needs micro_batches >= pp (got {self.micro_batches} < {self.pp})")
+        if self.seq_len is not None and self.seq_len > spec.max_seq_len:
+            raise ValueError(f"seq_len {self.seq_len} exceeds {self.model}'s maximum {spec.max_seq_len}")
+        if self.partition is not None:
+            try:
+                check_sizes(self.partition, n_layers, self.pp)
+            except UsageError as e:  # pydantic reports only ValueErrors raised in validators
+                raise ValueError(str(e)) from None
+        return self
+
+    # Derived values, so that callers never recompute defaults differently.
+    @property
+    def spec(self) -> ModelSpec:
+        return PRESETS[self.model]
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp
+
+    @property
+    def tokens_seq(self) -> int:
+        return self.seq_len or min(self.spec.max_seq_len, 128)
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else (1e-3 if self.optimizer == "adam" else 0.1)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.dp * self.micro_batches * self.micro_batch_size * self.tokens_seq
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"malformed YAML in {p}{where}: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping of keys to values, got {type(data).__name__}")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def make_config(overrides: dict[str, Any] | None = None, config_file: str | Path | None = None, **kw) -> TrainConfig:
+    """Defaults < YAML file < overrides (e.g. flags). Raises ConfigError with one line."""
+    values = load_yaml(config_file) if config_file else {}
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    values.update(kw)
+    try:
+        return TrainConfig(**values)
+    except ValidationError as e:
+        raise ConfigError(_one_line(e)) from None
+
+
+def _one_line(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown option"
+    return f"{loc}: {msg}" if loc else msg

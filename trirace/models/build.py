@@ -1,0 +1,55 @@
+"""A model is an ordered list of layers. Layer i is initialised from a generator seeded by
+(seed, i), so a pipeline stage can build just its own layers and still hold exactly the
+weights the whole model would have."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .layers import Block, Embedding, FinalNorm, LMHead, MLMHead, init_weights
+from .presets import ModelSpec
+
+
+def layer_names(spec: ModelSpec) -> list[str]:
+    head = "lm_head" if spec.arch == "gpt" else "mlm_head"
+    return ["embedding", *(f"block{i}" for i in range(spec.n_layers)), "final_norm", head]
+
+
+def build_layer(spec: ModelSpec, index: int, seed: int, sparse_embedding: bool = False) -> nn.Module:
+    n = len(layer_names(spec))
+    if not 0 <= index < n:
+        raise IndexError(f"layer {index} out of range for {spec.name} ({n} layers)")
+    if index == 0:
+        layer: nn.Module = Embedding(spec.vocab_size, spec.d_model, spec.max_seq_len, sparse=sparse_embedding)
+    elif index <= spec.n_layers:
+        layer = Block(spec.d_model, spec.n_heads, spec.d_ff, causal=spec.arch == "gpt", dropout=spec.dropout)
+    elif index == spec.n_layers + 1:
+        layer = FinalNorm(spec.d_model)
+    else:
+        layer = LMHead(spec.d_model, spec.vocab_size) if spec.arch == "gpt" else MLMHead(spec.d_model, spec.vocab_size)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + index)
+    init_weights(layer, spec.n_layers, gen)
+    return layer
+
+
+def build_layers(spec: ModelSpec, seed: int, indices: range | None = None, sparse_embedding: bool = False) -> list[nn.Module]:
+    indices = range(len(layer_names(spec))) if indices is None else indices
+    return [build_layer(spec, i, seed, sparse_embedding) for i in indices]
+
+
+def build_model(spec: ModelSpec, seed: int, sparse_embedding: bool = False) -> nn.Sequential:
+    """The whole model in one process: the reference every parallel run must reproduce."""
+    return nn.Sequential(*build_layers(spec, seed, sparse_embedding=sparse_embedding))
+
+
+def count_params(layers) -> int:
+    return sum(p.numel() for layer in layers for p in layer.parameters())
+
+
+def layer_param_counts(spec: ModelSpec) -> list[int]:
+    """Parameters per layer, from the shapes alone (no tensors): cheap even for gpt2-xl."""
+    d, v = spec.d_model, spec.vocab_size
+    block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * spec.d_ff + spec.d_ff) + (spec.d_ff * d + d)
+    head = d * v if spec.arch == "gpt" else (d * d + d) + 2 * d + (d * v + v)
+    return [v * d + spec.max_seq_len * d, *([block] * spec.n_layers), 2 * d, head]

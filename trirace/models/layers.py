@@ -1,0 +1,97 @@
+"""The layers a model is cut from. Each maps one tensor to one tensor, so any contiguous
+run of them is a pipeline stage: token ids -> hidden states -> ... -> logits."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Embedding(nn.Module):
+    """Token plus learned position embedding. `sparse=True` gives the token table sparse
+    gradients: only the rows a batch touched, which sparse communication exploits."""
+
+    def __init__(self, vocab_size: int, d_model: int, max_seq_len: int, sparse: bool = False):
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, d_model, sparse=sparse)
+        self.pos = nn.Embedding(max_seq_len, d_model)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        return self.tok(ids) + self.pos(positions)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block; `causal` selects GPT (True) or BERT (False) attention."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, causal: bool, dropout: float = 0.0):
+        super().__init__()
+        self.n_heads, self.causal, self.dropout = n_heads, causal, dropout
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.fc = nn.Linear(d_model, d_ff)
+        self.out = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=p)
+        x = x + F.dropout(self.proj(y.transpose(1, 2).reshape(b, t, d)), p, self.training)
+        return x + F.dropout(self.out(F.gelu(self.fc(self.ln2(x)))), p, self.training)
+
+
+class FinalNorm(nn.LayerNorm):
+    """The LayerNorm after the last block, a layer of its own so a partitioner can place it."""
+
+
+class LMHead(nn.Module):
+    """Hidden states -> vocabulary logits (GPT's output projection)."""
+
+    def __init__(self, d_model: int, vocab_size: int):
+        super().__init__()
+        self.proj = nn.Linear(d_model, vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+class MLMHead(nn.Module):
+    """BERT's masked-LM head: dense, GELU, LayerNorm, then a vocabulary projection."""
+
+    def __init__(self, d_model: int, vocab_size: int):
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+        self.norm = nn.LayerNorm(d_model)
+        self.proj = nn.Linear(d_model, vocab_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.norm(F.gelu(self.dense(x))))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy over the positions that have a target (-100 marks none)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+
+
+def init_weights(layer: nn.Module, n_layers: int, generator: torch.Generator) -> None:
+    """GPT-2 style init from `generator`: N(0, 0.02) for matrices and tables, residual
+    output projections scaled by 1/sqrt(2 * n_layers), zero biases, unit norms."""
+    with torch.no_grad():
+        for m in layer.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                std = 0.02
+                if isinstance(layer, Block) and m in (layer.proj, layer.out):
+                    std /= math.sqrt(2 * n_layers)
+                m.weight.normal_(0.0, std, generator=generator)
+                if getattr(m, "bias", None) is not None:
+                    m.bias.zero_()
+            elif isinstance(m, nn.LayerNorm):
+                m.weight.fill_(1.0)
+                m.bias.zero_()

@@ -1,0 +1,340 @@
+"""Pipeline schedules as data.
+
+A schedule is, for each pipeline stage, the ordered list of actions that every replica of
+that stage runs: compute (F, B), point-to-point transfers of activations and their
+gradients (SF/RF, SB/RB), the data-parallel gradient reduction of a step (AR) and the
+optimizer step that publishes the next weight version (OPT). Micro-batches are numbered
+globally across steps (micro-batch k belongs to step k // m), so a schedule with no flush
+(2BW) is just a list that runs across step boundaries.
+
+Builders are pure functions: compute order first, then `lower_p2p` adds the transfers each
+computation needs. Nothing here touches torch; the runtime and the simulator execute the
+same lists, and `validate` proves a schedule sound without running it.
+
+Weight versions: step t computes on W(t - staleness) and OPT t turns W(t) into W(t + 1).
+staleness 0 is synchronous training (GPipe, PipeDream-Flush 1F1B); staleness 1 is
+PipeDream-2BW: W(t+1) = W(t) - lr * grad f(W(t-1)), two versions alive at once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+from ..errors import UsageError
+
+
+class ScheduleError(UsageError):
+    """A schedule that would compute the wrong thing, leave a transfer unmatched or deadlock."""
+
+
+class Op(str, Enum):
+    F = "F"  # forward of micro-batch k
+    B = "B"  # backward of micro-batch k
+    SF = "SF"  # send activation of k to the next stage
+    RF = "RF"  # receive activation of k from the previous stage
+    SB = "SB"  # send input-gradient of k to the previous stage
+    RB = "RB"  # receive output-gradient of k from the next stage
+    AR = "AR"  # gradients of step t averaged across the stage's replicas
+    OPT = "OPT"  # optimizer step t: W(t) -> W(t+1), the weight-version swap
+
+    @property
+    def is_p2p(self) -> bool:
+        return self in (Op.SF, Op.RF, Op.SB, Op.RB)
+
+    @property
+    def is_compute(self) -> bool:
+        return self in (Op.F, Op.B)
+
+
+@dataclass(frozen=True, order=True)
+class Action:
+    op: Op
+    index: int  # micro-batch for F/B/SF/RF/SB/RB, step for AR/OPT
+
+    def __str__(self) -> str:
+        return f"{self.op.value}{self.index}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Action":
+        m = _ACTION_RE.fullmatch(text.strip())
+        if not m:
+            raise ScheduleError(f"not an action: {text!r} (expected e.g. F3, SB2, AR0, OPT0)")
+        return cls(Op(m.group(1)), int(m.group(2)))
+
+
+_ACTION_RE = re.compile(r"(OPT|AR|SF|RF|SB|RB|F|B)(\d+)")
+
+KINDS = ("gpipe", "1f1b", "2bw")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    kind: str
+    n_stages: int
+    micro_batches: int  # per step
+    steps: int
+    actions: tuple[tuple[Action, ...], ...]  # per stage
+
+    @property
+    def staleness(self) -> int:
+        return 1 if self.kind == "2bw" else 0
+
+    def step_of(self, micro_batch: int) -> int:
+        return micro_batch // self.micro_batches
+
+    def version_of_step(self, step: int) -> int:
+        """The weight version W(v) that step `step` computes on. W(-1) is a second copy of
+        W(0), so that steps 0 and 1 of 2BW accumulate into different buffers."""
+        return step - self.staleness
+
+    def __str__(self) -> str:
+        head = f"{self.kind} stages={self.n_stages} micro_batches={self.micro_batches} steps={self.steps}"
+        rows = [f"stage {s}: " + " ".join(map(str, acts)) for s, acts in enumerate(self.actions)]
+        return "\n".join([head, *rows])
+
+    @classmethod
+    def parse(cls, text: str) -> "Schedule":
+        lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+        try:
+            kind, *fields = lines[0].split()
+            meta = dict(f.split("=") for f in fields)
+            actions = tuple(
+                tuple(Action.parse(a) for a in ln.split(":", 1)[1].split()) for ln in lines[1:]
+            )
+            sched = cls(kind, int(meta["stages"]), int(meta["micro_batches"]), int(meta["steps"]), actions)
+        except (ValueError, KeyError, IndexError) as e:
+            raise ScheduleError(f"malformed schedule text: {e}") from None
+        if len(sched.actions) != sched.n_stages:
+            raise ScheduleError(f"schedule declares {sched.n_stages} stages but lists {len(sched.actions)}")
+        return sched
+
+
+# ---------------------------------------------------------------- builders
+
+
+def _gpipe_step(stage: int, d: int, m: int, step: int) -> list[Action]:
+    ks = range(step * m, (step + 1) * m)
+    return [Action(Op.F, k) for k in ks] + [Action(Op.B, k) for k in ks] + _update(step)
+
+
+def _one_f_one_b(stage: int, d: int, ks: list[int]) -> list[Action]:
+    """1F1B over the micro-batch stream `ks`: (d - stage - 1) warm-up forwards, then
+    alternate one forward and one backward, then drain the remaining backwards."""
+    warm = min(d - stage - 1, len(ks))
+    out = [Action(Op.F, k) for k in ks[:warm]]
+    for i in range(len(ks) - warm):
+        out += [Action(Op.F, ks[warm + i]), Action(Op.B, ks[i])]
+    out += [Action(Op.B, k) for k in ks[len(ks) - warm :]]
+    return out
+
+
+def _update(step: int) -> list[Action]:
+    return [Action(Op.AR, step), Action(Op.OPT, step)]
+
+
+def _with_updates_after_last_backward(acts: list[Action], m: int) -> list[Action]:
+    out = []
+    for a in acts:
+        out.append(a)
+        if a.op is Op.B and (a.index + 1) % m == 0:
+            out += _update(a.index // m)
+    return out
+
+
+def compute_order(kind: str, n_stages: int, micro_batches: int, steps: int) -> list[list[Action]]:
+    """F/B/AR/OPT per stage, before transfers are added."""
+    d, m = n_stages, micro_batches
+    if kind == "gpipe":
+        return [[a for t in range(steps) for a in _gpipe_step(s, d, m, t)] for s in range(d)]
+    if kind == "1f1b":  # PipeDream-Flush: a full 1F1B pipeline per step, flushed by the update
+        return [
+            [a for t in range(steps) for a in _with_updates_after_last_backward(
+                _one_f_one_b(s, d, list(range(t * m, (t + 1) * m))), m)]
+            for s in range(d)
+        ]
+    if kind == "2bw":  # one 1F1B stream over every step: warm-up once, never flushed
+        stream = list(range(steps * m))
+        return [_with_updates_after_last_backward(_one_f_one_b(s, d, stream), m) for s in range(d)]
+    raise ScheduleError(f"unknown schedule {kind!r}; choose from {', '.join(KINDS)}")
+
+
+def lower_p2p(order: list[list[Action]]) -> list[list[Action]]:
+    """Insert each computation's transfers: receive right before it, send right after.
+    Adjacent transfers form one group that the runtime posts together (receives first),
+    which is what keeps 1F1B's crossing sends from deadlocking."""
+    d = len(order)
+    lowered = []
+    for s, acts in enumerate(order):
+        out: list[Action] = []
+        for a in acts:
+            if a.op is Op.F:
+                out += [Action(Op.RF, a.index)] if s > 0 else []
+                out.append(a)
+                out += [Action(Op.SF, a.index)] if s < d - 1 else []
+            elif a.op is Op.B:
+                out += [Action(Op.RB, a.index)] if s < d - 1 else []
+                out.append(a)
+                out += [Action(Op.SB, a.index)] if s > 0 else []
+            else:
+                out.append(a)
+        lowered.append(out)
+    return lowered
+
+
+def build_schedule(kind: str, n_stages: int, micro_batches: int, steps: int) -> Schedule:
+    if n_stages < 1 or micro_batches < 1 or steps < 1:
+        raise ScheduleError("stages, micro-batches and steps must all be at least 1")
+    acts = lower_p2p(compute_order(kind, n_stages, micro_batches, steps))
+    sched = Schedule(kind, n_stages, micro_batches, steps, tuple(tuple(a) for a in acts))
+    validate(sched)
+    return sched
+
+
+# ---------------------------------------------------------------- validation
+
+
+def validate(sched: Schedule) -> None:
+    """Raise ScheduleError naming the first problem; return quietly if the schedule is sound."""
+    d, m, n = sched.n_stages, sched.micro_batches, sched.steps
+    if sched.kind not in KINDS:
+        raise ScheduleError(f"unknown schedule {sched.kind!r}; choose from {', '.join(KINDS)}")
+    if sched.kind == "2bw" and m < d:
+        raise ScheduleError(
+            f"2bw needs micro-batches per step >= pipeline depth (got {m} < {d}): "
+            "otherwise a third weight version would be alive")
+    for s, acts in enumerate(sched.actions):
+        _check_stage(sched, s, acts)
+    _check_transfers(sched)
+
+
+def _check_stage(sched: Schedule, s: int, acts: tuple[Action, ...]) -> None:
+    d, m, n = sched.n_stages, sched.micro_batches, sched.steps
+    where = f"stage {s}"
+    seen: dict[Action, int] = {}
+    for pos, a in enumerate(acts):
+        if a in seen:
+            raise ScheduleError(f"{where}: {a} appears twice")
+        seen[a] = pos
+    expected = {Action(op, k) for k in range(n * m) for op in (Op.F, Op.B)}
+    expected |= {Action(op, t) for t in range(n) for op in (Op.AR, Op.OPT)}
+    if s > 0:
+        expected |= {Action(op, k) for k in range(n * m) for op in (Op.RF, Op.SB)}
+    if s < d - 1:
+        expected |= {Action(op, k) for k in range(n * m) for op in (Op.SF, Op.RB)}
+    if missing := sorted(expected - seen.keys()):
+        raise ScheduleError(f"{where}: missing {' '.join(map(str, missing[:5]))}")
+    if extra := sorted(seen.keys() - expected):
+        raise ScheduleError(f"{where}: unexpected {' '.join(map(str, extra[:5]))}")
+
+    def before(a: Action, b: Action, why: str) -> None:
+        if seen[a] > seen[b]:
+            raise ScheduleError(f"{where}: {b} runs before {a}, but {why}")
+
+    for k in range(n * m):
+        t = k // m
+        f, b = Action(Op.F, k), Action(Op.B, k)
+        before(f, b, "a backward needs its forward")
+        if s > 0:
+            before(Action(Op.RF, k), f, "the forward needs its input activation")
+            before(b, Action(Op.SB, k), "the input gradient comes from the backward")
+        if s < d - 1:
+            before(f, Action(Op.SF, k), "the activation comes from the forward")
+            before(Action(Op.RB, k), b, "the backward needs its output gradient")
+        before(b, Action(Op.AR, t), f"step {t}'s reduction needs all its gradients")
+        v = sched.version_of_step(t)
+        if v >= 1:
+            before(Action(Op.OPT, v - 1), f, f"step {t} computes on W({v}), which OPT{v - 1} produces")
+    for t in range(n):
+        before(Action(Op.AR, t), Action(Op.OPT, t), "the optimizer needs the reduced gradients")
+        if t:
+            before(Action(Op.OPT, t - 1), Action(Op.OPT, t), "updates apply in order")
+
+
+def _check_transfers(sched: Schedule) -> None:
+    """Every send has its receive in the same order, and executing the lists with the
+    runtime's semantics (a run of adjacent transfers is posted together and completes
+    when each has a posted partner) makes progress to the end on every stage."""
+    d = sched.n_stages
+    # Partner of a transfer: (direction key, position in that direction's FIFO).
+    chans: dict[tuple[int, int, Op], list[int]] = {}
+    for s, acts in enumerate(sched.actions):
+        for a in acts:
+            if a.op in (Op.SF, Op.RF, Op.SB, Op.RB):
+                src, dst = _link(s, a.op)
+                chans.setdefault((src, dst, a.op), []).append(a.index)
+    for (src, dst, op), ks in chans.items():
+        if op in (Op.SF, Op.SB):
+            recv = Op.RF if op is Op.SF else Op.RB
+            if chans.get((src, dst, recv), []) != ks:
+                raise ScheduleError(
+                    f"stage {src} sends {op.value} in order {ks[:6]} but stage {dst} receives "
+                    f"{chans.get((src, dst, recv), [])[:6]}")
+
+    runs = [_runs(acts) for acts in sched.actions]
+    pc = [0] * d  # index into runs[s]
+    posted: dict[tuple[int, int, Op], int] = {}  # channel -> how many of its ops are posted
+    def key(s: int, a: Action) -> tuple[int, int, Op]:
+        return (*_link(s, a.op), a.op)
+    partner = {Op.SF: Op.RF, Op.RF: Op.SF, Op.SB: Op.RB, Op.RB: Op.SB}
+    ordinal: list[dict[Action, int]] = []
+    for s, acts in enumerate(sched.actions):
+        count: dict[tuple, int] = {}
+        ordi = {}
+        for a in acts:
+            if a.op.is_p2p:
+                c = key(s, a)
+                ordi[a] = count.get(c, 0)
+                count[c] = ordi[a] + 1
+        ordinal.append(ordi)
+    is_posted = [False] * d
+    progress = True
+    while progress:
+        progress = False
+        for s in range(d):
+            if pc[s] == len(runs[s]):
+                continue
+            run = runs[s][pc[s]]
+            if not run[0].op.is_p2p:
+                pc[s] += 1
+                progress = True
+                continue
+            if not is_posted[s]:
+                for a in run:
+                    c = key(s, a)
+                    posted[c] = posted.get(c, 0) + 1
+                is_posted[s] = progress = True
+            done = all(posted.get((*_link(s, a.op), partner[a.op]), 0) > ordinal[s][a] for a in run)
+            if done:
+                pc[s] += 1
+                is_posted[s] = False
+                progress = True
+    stuck = [s for s in range(d) if pc[s] < len(runs[s])]
+    if stuck:
+        desc = "; ".join(f"stage {s} waits at {' '.join(map(str, runs[s][pc[s]]))}" for s in stuck)
+        raise ScheduleError(f"deadlock: {desc}")
+
+
+def _link(stage: int, op: Op) -> tuple[int, int]:
+    """(source stage, destination stage) of a transfer seen from `stage`."""
+    return {
+        Op.SF: (stage, stage + 1), Op.RF: (stage - 1, stage),
+        Op.SB: (stage, stage - 1), Op.RB: (stage + 1, stage),
+    }[op]
+
+
+def _runs(acts: tuple[Action, ...]) -> list[list[Action]]:
+    """Split into maximal groups of adjacent transfers; every other action is its own group."""
+    out: list[list[Action]] = []
+    for a in acts:
+        if a.op.is_p2p and out and out[-1][0].op.is_p2p:
+            out[-1].append(a)
+        else:
+            out.append([a])
+    return out
+
+
+def p2p_groups(acts: tuple[Action, ...] | list[Action]) -> list[list[Action]]:
+    """The runtime's unit of execution: what `_runs` gives the validator."""
+    return _runs(tuple(acts))
