@@ -31,6 +31,9 @@ def train(cfg: TrainConfig) -> list[dict] | None:
     """Train with `cfg`: under torchrun on this process's rank, otherwise by spawning
     cfg.pp * cfg.dp local processes. Returns the per-step metrics (on the reporter rank)."""
     if under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if world != cfg.world_size:
+            raise UsageError(f"pp x dp = {cfg.pp} x {cfg.dp} = {cfg.world_size} but torchrun started {world} ranks")
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
