@@ -56,7 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, or a bad flag already reported in one line
+        return int(e.code or 0)
     if args.command is None:
         parser.print_help()
         return 2

@@ -36,6 +36,11 @@ class TrainConfig(BaseModel):
     partition: list[int] | None = Field(None, description="layers per stage, e.g. [3, 4]; default balances")
     balance: Literal["time", "params"] = Field("time", description="what the partitioner balances")
     rank_order: Literal["dp-inner", "pp-inner"] = "dp-inner"
+    comm_policy: Literal["blocking", "fifo", "priority", "trirace"] = Field(
+        "trirace", description="communication policy")
+    partition_mb: float | None = Field(None, gt=0, description="all-reduce chunk size in MiB (default: per policy)")
+    credit_mb: float | None = Field(None, gt=0, description="bound on all-reduce MiB in flight (default: per policy)")
+    trace_out: Path | None = Field(None, description="directory for a Chrome/Perfetto timeline")
     metrics_out: Path | None = Field(None, description="JSON lines, one object per step")
     progress: bool = Field(True, description="show a progress bar")
 

@@ -33,6 +33,8 @@ class Layout:
         return self.pp * self.dp
 
     def rank(self, stage: int, replica: int) -> int:
+        if not (0 <= stage < self.pp and 0 <= replica < self.dp):
+            raise UsageError(f"no stage {stage}, replica {replica} in a {self.pp} x {self.dp} layout")
         if self.order == "dp-inner":
             return stage * self.dp + replica
         return replica * self.pp + stage

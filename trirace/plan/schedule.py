@@ -64,7 +64,7 @@ class Action:
         return cls(Op(m.group(1)), int(m.group(2)))
 
 
-_ACTION_RE = re.compile(r"(OPT|AR|SF|RF|SB|RB|F|B)(\d+)")
+_ACTION_RE = re.compile(r"(OPT|AR|SF|RF|SB|RB|F|B)([0-9]+)")
 
 KINDS = ("gpipe", "1f1b", "2bw")
 
@@ -192,6 +192,25 @@ def build_schedule(kind: str, n_stages: int, micro_batches: int, steps: int) -> 
     return sched
 
 
+def defer_updates(sched: Schedule) -> Schedule:
+    """Move each step's AR and OPT as late as the math allows: just before the first forward
+    that computes on W(t+1), i.e. the first F of step t + 1 + staleness. For 2BW that is a
+    whole step of slack for the gradient reduction; for flushed schedules nothing moves."""
+    out = []
+    for acts in sched.actions:
+        body = [a for a in acts if a.op not in (Op.AR, Op.OPT)]
+        for t in range(sched.steps):
+            need = t + 1 + sched.staleness
+            at = next((i for i, a in enumerate(body) if a.op is Op.F and sched.step_of(a.index) == need), len(body))
+            if at > 0 and body[at - 1].op is Op.RF:  # keep a forward next to its receive
+                at -= 1
+            body[at:at] = [Action(Op.AR, t), Action(Op.OPT, t)]
+        out.append(tuple(body))
+    deferred = Schedule(sched.kind, sched.n_stages, sched.micro_batches, sched.steps, tuple(out))
+    validate(deferred)
+    return deferred
+
+
 # ---------------------------------------------------------------- validation
 
 
@@ -204,6 +223,8 @@ def validate(sched: Schedule) -> None:
         raise ScheduleError(
             f"2bw needs micro-batches per step >= pipeline depth (got {m} < {d}): "
             "otherwise a third weight version would be alive")
+    if len(sched.actions) != d:
+        raise ScheduleError(f"schedule declares {d} stages but lists actions for {len(sched.actions)}")
     for s, acts in enumerate(sched.actions):
         _check_stage(sched, s, acts)
     _check_transfers(sched)

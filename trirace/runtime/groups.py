@@ -20,7 +20,7 @@ class Groups:
     dp: dist.ProcessGroup | None  # replicas of my stage (None when dp == 1)
     prev: dist.ProcessGroup | None  # pair group with the previous stage of my pipeline
     next: dist.ProcessGroup | None  # pair group with the next stage
-    metrics: dist.ProcessGroup | None  # last-stage replicas, for the step's mean loss
+    world: dist.ProcessGroup  # all ranks, for per-step metrics only
     prev_rank: int | None
     next_rank: int | None
 
@@ -35,14 +35,14 @@ def make_groups(layout: Layout, device: torch.device) -> Groups:
     stage, replica = layout.coords(rank)
     dp_groups = [dist.new_group(layout.dp_group(s)) for s in range(layout.pp)]
     pair_groups = {pair: dist.new_group(list(pair)) for pair in layout.p2p_pairs()}
-    metrics = dist.new_group(layout.dp_group(layout.pp - 1))
+    world = dist.new_group(list(range(layout.world_size)))
     prev_rank, next_rank = layout.prev_rank(rank), layout.next_rank(rank)
     g = Groups(
         layout, rank, stage, replica,
         dp=dp_groups[stage] if layout.dp > 1 else None,
         prev=pair_groups[(prev_rank, rank)] if prev_rank is not None else None,
         next=pair_groups[(rank, next_rank)] if next_rank is not None else None,
-        metrics=metrics if stage == layout.pp - 1 and layout.dp > 1 else None,
+        world=world,
         prev_rank=prev_rank, next_rank=next_rank,
     )
     _warm_up(g, device)
@@ -58,7 +58,7 @@ def _warm_up(g: Groups, device: torch.device) -> None:
         works = [dist.irecv(back, src=peer, group=group), dist.isend(out, dst=peer, group=group)]
         for w in works:
             w.wait()
-    for group in (g.dp, g.metrics):
+    for group in (g.dp, g.world):
         if group is not None:
             dist.all_reduce(torch.ones(1, device=device), group=group)
     dist.barrier()

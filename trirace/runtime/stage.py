@@ -4,9 +4,15 @@
 2BW (W(t-1), used by step t, and W(t)). The optimizer owns a separate `master` copy of the
 latest weights, so its state (Adam moments) belongs to parameters, not to buffers, and
 publishing W(t+1) is a copy into the buffer whose version no step needs any more.
+
+Each version's gradients live in one flat buffer (every `.grad` is a view into it, which
+autograd accumulates into in place), so a reduction chunk is a slice: no copies, and the
+blocking policy's single flattened all-reduce is the whole buffer.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -16,47 +22,51 @@ from ..models import ModelSpec, build_layers, layer_names
 
 class StageModel:
     def __init__(self, spec: ModelSpec, layers: range, seed: int, n_versions: int, optimizer: str,
-                 lr: float, device: torch.device, sparse_embedding: bool = False):
+                 lr: float, device: torch.device):
         self.layers = layers
         self.is_first = layers.start == 0
         self.is_last = layers.stop == len(layer_names(spec))
-        self.versions = [
-            nn.Sequential(*build_layers(spec, seed, layers, sparse_embedding)).to(device)
-            for _ in range(n_versions)
-        ]
+        self.versions = [nn.Sequential(*build_layers(spec, seed, layers)).to(device) for _ in range(n_versions)]
+        self.numels = [p.numel() for p in self.versions[0].parameters()]
+        self.flat_grads = [torch.zeros(sum(self.numels), device=device) for _ in range(n_versions)]
+        for module, flat in zip(self.versions, self.flat_grads):
+            offset = 0
+            for p in module.parameters():
+                p.grad = flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
         self.master = [nn.Parameter(p.detach().clone()) for p in self.versions[0].parameters()]
         if optimizer == "adam":
             self.optimizer: torch.optim.Optimizer = torch.optim.Adam(self.master, lr=lr)
         else:
             self.optimizer = torch.optim.SGD(self.master, lr=lr)
 
-    def module(self, version: int) -> nn.Module:
-        return self.versions[version % len(self.versions)]
+    def _slot(self, version: int) -> int:
+        return version % len(self.versions)
 
-    def grads(self, version: int) -> list[torch.Tensor]:
-        """The gradients accumulated on a version's buffer, dense (a sparse embedding
-        gradient is densified here; sparse exchange methods take it before this)."""
-        out = []
-        for p in self.module(version).parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            elif p.grad.is_sparse:
-                p.grad = p.grad.coalesce().to_dense()
-            out.append(p.grad)
-        return out
+    def module(self, version: int) -> nn.Module:
+        return self.versions[self._slot(version)]
+
+    def flat_grad(self, version: int) -> torch.Tensor:
+        return self.flat_grads[self._slot(version)]
+
+    def on_grad_ready(self, callback: Callable[[int, int], None]) -> None:
+        """Call callback(slot, parameter index) each time backward finishes accumulating a
+        parameter's gradient: what lets reduction start while backward still runs."""
+        for slot, module in enumerate(self.versions):
+            for i, p in enumerate(module.parameters()):
+                p.register_post_accumulate_grad_hook(lambda _p, s=slot, i=i: callback(s, i))
 
     @torch.no_grad()
-    def step(self, grads: list[torch.Tensor], publish_version: int) -> None:
-        """Apply averaged gradients to the master weights and publish them as `publish_version`."""
-        for m, g in zip(self.master, grads):
-            m.grad = g
+    def step(self, version: int, publish_version: int) -> None:
+        """Apply the (already averaged) gradients of `version` to the master weights and
+        publish the result as `publish_version`, whose buffer's gradients start from zero."""
+        for m, p in zip(self.master, self.module(version).parameters()):
+            m.grad = p.grad
         self.optimizer.step()
-        target = self.module(publish_version)
-        for m, p in zip(self.master, target.parameters()):
+        for m, p in zip(self.master, self.module(publish_version).parameters()):
             p.copy_(m)
-            p.grad = None
-        for m in self.master:
             m.grad = None
+        self.flat_grad(publish_version).zero_()
 
     def n_params(self) -> int:
-        return sum(p.numel() for p in self.master)
+        return sum(self.numels)

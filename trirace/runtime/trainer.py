@@ -17,6 +17,10 @@ from ..data import BatchSampler, load_tokens
 from ..errors import UsageError
 from ..models import layer_names, layer_param_counts
 from ..plan import Layout, balance, build_schedule, stage_ranges
+from ..comm import make_policy
+from ..obs.timeline import Recorder, write_trace
+from ..plan.schedule import defer_updates
+from .comm import Comm
 from .engine import BatchFn, Engine, StepRecord
 from .groups import Groups, make_groups
 from .profile import profile_layers
@@ -83,26 +87,78 @@ class Trainer:
 
     def run(self) -> list[dict] | None:
         cfg, g = self.cfg, self.groups
-        report = _Reporter(cfg, self.sizes) if g.is_reporter else None
+        policy = make_policy(cfg.comm_policy, cfg.partition_mb, cfg.credit_mb)
+        schedule = defer_updates(self.schedule) if policy.defer_updates else self.schedule
+        rec = Recorder(g.rank, enabled=cfg.trace_out is not None)
         shape = (cfg.micro_batch_size, cfg.tokens_seq, cfg.spec.d_model)
-
-        def on_step(rec: StepRecord) -> None:
-            if not self.model.is_last:
-                return
-            loss = torch.tensor([sum(rec.losses) / len(rec.losses)])
-            if g.metrics is not None:  # mean over replicas; they are in step already
-                dist.all_reduce(loss, group=g.metrics)
-                loss /= cfg.dp
-            if report:
-                report.step(rec.step, loss.item(), rec.end_time)
-
-        engine = Engine(self.schedule, self.model, g, batch_fn(cfg, self.sampler), shape, self.device, on_step)
+        comm = Comm(policy, schedule, g, self.model, shape, self.device, rec)
+        report = _Reporter(cfg, self.sizes) if g.is_reporter else None
+        metrics = _StepMetrics(cfg, g, comm, report)
+        engine = Engine(schedule, self.model, g, comm, batch_fn(cfg, self.sampler), self.device, rec,
+                        on_step=metrics.step)
         dist.barrier()
+        t_start = rec.now()
         if report:
-            report.start()
-        engine.run(self.schedule.actions[g.stage])
+            report.start(t_start)
+        engine.run(schedule.actions[g.stage])
+        metrics.flush()
+        if cfg.trace_out is not None:
+            _write_trace(cfg.trace_out, rec, t_start)
         dist.barrier()
         return report.finish() if report else None
+
+
+class _StepMetrics:
+    """Per-step numbers from every rank, summed over the world with one small all-reduce per
+    step on its own group. It is asynchronous and waited two steps later, so metrics never
+    hold the pipeline back."""
+
+    FIELDS = ("loss", "exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s", "transfers",
+              "comm_cpu_s")
+    LAG = 2
+
+    def __init__(self, cfg: TrainConfig, g: Groups, comm: Comm, report: "_Reporter | None"):
+        self.cfg, self.g, self.comm, self.report = cfg, g, comm, report
+        self.pending: list[tuple[int, float, torch.Tensor, dist.Work]] = []
+
+    def step(self, rec: StepRecord) -> None:
+        exposed, transfers, cpu_s = self.comm.stats.take()
+        loss = sum(rec.losses) / len(rec.losses) if rec.losses else 0.0
+        vec = torch.tensor([loss, exposed.get("p2p", 0.0), exposed.get("allreduce", 0.0),
+                            exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s], dtype=torch.float64)
+        work = dist.all_reduce(vec, group=self.g.world, async_op=True)
+        self.pending.append((rec.step, rec.end_time, vec, work))
+        while len(self.pending) > self.LAG:
+            self._emit(*self.pending.pop(0))
+
+    def flush(self) -> None:
+        while self.pending:
+            self._emit(*self.pending.pop(0))
+
+    def _emit(self, step: int, end: float, vec: torch.Tensor, work: dist.Work) -> None:
+        work.wait()
+        if self.report is None:
+            return
+        world = self.cfg.world_size
+        v = dict(zip(self.FIELDS, vec.tolist()))
+        row = {"loss": v["loss"] / self.cfg.dp,  # only last-stage ranks contribute a loss
+               "comm_policy": self.cfg.comm_policy}
+        for k in ("exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s"):
+            row[k] = v[k] / world  # mean per rank
+        row["transfers"] = int(v["transfers"])
+        row["comm_cpu_us_per_transfer"] = 1e6 * v["comm_cpu_s"] / max(v["transfers"], 1)
+        self.report.step(step, end, row)
+
+
+def _write_trace(out_dir: Path, rec: Recorder, t_start: float) -> None:
+    """Gather every rank's events to rank 0, which writes one timeline for the job."""
+    origin = torch.tensor([t_start], dtype=torch.float64)
+    dist.all_reduce(origin, op=dist.ReduceOp.MIN)
+    events = rec.events(origin.item())
+    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(events, gathered, dst=0)
+    if dist.get_rank() == 0:
+        write_trace(Path(out_dir) / "trace.json", [e for evs in gathered for e in evs])
 
 
 class _Reporter:
@@ -117,18 +173,18 @@ class _Reporter:
             Path(cfg.metrics_out).parent.mkdir(parents=True, exist_ok=True)
             self.out = open(cfg.metrics_out, "w")
 
-    def start(self) -> None:
-        self.last = time.perf_counter()
+    def start(self, t: float) -> None:
+        self.last = t
 
-    def step(self, step: int, loss: float, end: float) -> None:
+    def step(self, step: int, end: float, values: dict) -> None:
         dt, self.last = end - self.last, end
-        row = {"step": step, "loss": loss, "step_time_s": dt, "tokens_per_s": self.cfg.tokens_per_step / dt,
-               "schedule": self.cfg.schedule, "pp": self.cfg.pp, "dp": self.cfg.dp}
+        row = {"step": step, "loss": values["loss"], "step_time_s": dt, "tokens_per_s": self.cfg.tokens_per_step / dt,
+               "schedule": self.cfg.schedule, "pp": self.cfg.pp, "dp": self.cfg.dp, **values}
         self.rows.append(row)
         if self.out:
             self.out.write(json.dumps(row) + "\n")
             self.out.flush()
-        self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+        self.bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
         self.bar.update()
 
     def finish(self) -> list[dict]:
@@ -137,9 +193,8 @@ class _Reporter:
             self.out.close()
         steady = self.rows[1:] or self.rows  # the first step includes warm-up
         mean_dt = sum(r["step_time_s"] for r in steady) / len(steady)
-        if self.cfg.progress:
-            print(f"done: {self.cfg.model} {self.cfg.schedule} pp={self.cfg.pp} dp={self.cfg.dp} "
-                  f"stages={self.sizes} | {len(self.rows)} steps, final loss {self.rows[-1]['loss']:.4f}, "
-                  f"{self.cfg.tokens_per_step / mean_dt:.0f} tokens/s, {mean_dt:.3f} s/step "
-                  f"(mean after step 0)", flush=True)
+        print(f"done: {self.cfg.model} {self.cfg.schedule} {self.cfg.comm_policy} pp={self.cfg.pp} dp={self.cfg.dp} "
+              f"stages={self.sizes} | {len(self.rows)} steps, final loss {self.rows[-1]['loss']:.4f}, "
+              f"{self.cfg.tokens_per_step / mean_dt:.0f} tokens/s, {mean_dt:.3f} s/step "
+              f"(mean after step 0)", flush=True)
         return self.rows

@@ -1,0 +1,101 @@
+"""The command line: bad input ends in one line and exit status 2, with nothing written;
+good input runs, locally and under torchrun."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from trirace.cli import main
+
+QUICK = ["--model", "gpt-test", "--data", "synthetic", "--micro-batch-size", "2", "--seq-len", "16",
+         "--balance", "params", "--no-progress"]
+
+
+def _bad(capsys, tmp_path, *argv):
+    out = tmp_path / "m.jsonl"
+    code = main(["train", *argv, "--metrics-out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("trirace: error: ")
+    assert "Traceback" not in err
+    assert not out.exists(), "bad input must not leave a partial output file"
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--model", "gpt-9000"], "unknown model preset"),
+    (["--pp", "8", "--model", "gpt-test"], "more stages than"),
+    (["--schedule", "2bw", "--pp", "4", "--dp", "1", "--micro-batches", "2"], "micro_batches >= pp"),
+    (["--schedule", "bogus"], "invalid choice"),
+    (["--pp", "0"], "pp"),
+    (["--pp", "two"], "invalid int value"),
+    (["--steps", "-1"], "steps"),
+    (["--data", "/no/such/dir"], "data path not found"),
+    (["--partition", "3,3", "--model", "gpt-test"], "partition covers 6 layers"),
+    (["--partition", "7", "--model", "gpt-test"], "partition lists 1 stages"),
+    (["--seq-len", "4096", "--model", "gpt-test"], "exceeds"),
+    (["--no-such-flag"], "unrecognized arguments"),
+])
+def test_bad_flags(capsys, tmp_path, argv, needle):
+    assert needle in _bad(capsys, tmp_path, *argv)
+
+
+def test_empty_data_dir(capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert "no text files" in _bad(capsys, tmp_path, "--data", str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("pp: [1, 2\n", "malformed YAML"),
+    ("- just\n- a list\n", "expected a mapping"),
+    ("pp: 2\nwarp_drive: on\n", "warp_drive: unknown option"),
+    ("micro_batches: many\n", "micro_batches"),
+])
+def test_bad_yaml(capsys, tmp_path, text, needle):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    assert needle in _bad(capsys, tmp_path, "--config", str(f))
+
+
+def test_missing_config_file(capsys, tmp_path):
+    assert "config file not found" in _bad(capsys, tmp_path, "--config", str(tmp_path / "nope.yaml"))
+
+
+def test_world_size_mismatch_under_torchrun(tmp_path):
+    env = dict(os.environ, RANK="0", WORLD_SIZE="3", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    p = subprocess.run([sys.executable, "-m", "trirace", "train", *QUICK], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.strip() == "trirace: error: pp x dp = 2 x 2 = 4 but torchrun started 3 ranks"
+
+
+def test_yaml_and_flags_combine(tmp_path):
+    """Flags override the YAML file, which overrides defaults; the run writes its metrics."""
+    f = tmp_path / "c.yaml"
+    f.write_text("steps: 2\nschedule: gpipe\nmicro-batches: 3\n")
+    out = tmp_path / "m.jsonl"
+    p = subprocess.run([sys.executable, "-m", "trirace", "train", *QUICK, "--config", str(f), "--schedule",
+                        "1f1b", "--metrics-out", str(out)], capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    assert {r["schedule"] for r in rows} == {"1f1b"}
+    for r in rows:
+        assert {"loss", "step_time_s", "tokens_per_s", "pp", "dp"} <= r.keys()
+        assert r["tokens_per_s"] == pytest.approx(2 * 3 * 2 * 16 / r["step_time_s"])
+    assert "final loss" in p.stdout
+
+
+def test_torchrun(tmp_path):
+    """The same command under torchrun: env:// rendezvous, gloo on CPU, 4 ranks."""
+    out = tmp_path / "m.jsonl"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                        "-m", "trirace", "train", *QUICK, "--steps", "3", "--metrics-out", str(out)],
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert len(out.read_text().splitlines()) == 3

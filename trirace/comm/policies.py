@@ -1,0 +1,73 @@
+"""Communication policies: pure decisions about order, chunking and launch time.
+
+A policy sees transfers and a snapshot of what is in flight; it never touches a process
+group, so the real runtime and the simulator run the very same objects.
+
+- blocking: PipeDream-2BW as published. P2P blocks in schedule order; one flattened
+  all-reduce per stage right after the last backward; no overlap.
+- fifo: everything asynchronous, launched as it becomes ready (gradient buckets as
+  backward finishes them, DDP-style), no priorities, no bound on bytes in flight.
+- priority: ByteScheduler for data parallelism: chunks in forward-layer order, a credit
+  window on bytes in flight; P2P is launched as it comes, with no special treatment.
+- trirace: dependency-aware. P2P is on the critical path: while a P2P transfer is in
+  flight no new all-reduce chunk starts, unless that chunk's deadline has come; chunks
+  go in deadline order (ties: the order backward readies them), small enough for a P2P
+  to overtake quickly, and 2BW's one-step delay lets them wait for quiet links.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from ..plan.transfers import Chunk
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """What a rank has on its links right now."""
+
+    p2p: int = 0  # P2P transfers launched and not yet complete
+    chunk_bytes: int = 0  # all-reduce bytes launched and not yet complete
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    partition_bytes: int | None  # chunk size; None = the whole flat gradient in one piece
+    credit_bytes: int | None  # bound on all-reduce bytes in flight; None = unbounded
+    chunk_order: str  # "ready" (backward order) or "front" (forward order)
+    blocking: bool = False  # P2P and reduction block the engine where the schedule puts them
+    yields_to_p2p: bool = False  # hold chunks back while P2P is in flight
+    defer_updates: bool = True  # run each OPT at its deadline, not right after the backward
+
+    def admit(self, chunk: Chunk, now: InFlight, urgent: bool) -> bool:
+        """May `chunk`, the next in the agreed order and ready, launch now?"""
+        if self.yields_to_p2p and now.p2p and not urgent:
+            return False
+        if self.credit_bytes is None or now.chunk_bytes == 0:
+            return True  # a chunk larger than the credit still goes, alone
+        return now.chunk_bytes + chunk.nbytes <= self.credit_bytes
+
+
+POLICIES = ("blocking", "fifo", "priority", "trirace")
+
+
+def make_policy(name: str, partition_mb: float | None = None, credit_mb: float | None = None) -> Policy:
+    """The named policy; partition/credit in MiB override its defaults (see bench results)."""
+    def mib(x: float | None, default: float | None) -> int | None:
+        v = default if x is None else x
+        return None if v is None else int(v * MiB)
+
+    if name == "blocking":
+        return Policy(name, None, None, "front", blocking=True, defer_updates=False)
+    if name == "fifo":
+        # DDP's default bucket is 25 MiB; its cap on concurrency is none.
+        return Policy(name, mib(partition_mb, 25), mib(credit_mb, None), "ready")
+    if name == "priority":
+        return Policy(name, mib(partition_mb, 4), mib(credit_mb, 16), "front")
+    if name == "trirace":
+        return Policy(name, mib(partition_mb, 2), mib(credit_mb, 4), "ready", yields_to_p2p=True)
+    raise UsageError(f"unknown communication policy {name!r}; choose from {', '.join(POLICIES)}")

@@ -1,0 +1,283 @@
+"""The executor of transfers on torch.distributed: it launches what the policy decides,
+on asynchronous work handles, and waits only where the engine needs data.
+
+P2P goes on each pipeline link's own pair group, gradient chunks on the stage's
+data-parallel group, so the two run at the same time. A single launcher thread issues
+every collective (in the agreed order), woken by a condition variable: completions arrive
+as future callbacks, so nothing polls. Every Work handle is waited on.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from ..comm import CommScheduler, Policy
+from ..obs.timeline import Recorder
+from ..plan import Action, Op, Schedule
+from ..plan.transfers import Chunk, Kind, plan_reduction
+from .groups import Groups
+from .stage import StageModel
+
+
+class _Reaper(threading.Thread):
+    """Waits on one link's send handles in order and reports each completion. gloo's P2P
+    Work has no future to attach a callback to; a thread blocked in wait() (outside the
+    GIL) is the event-driven equivalent, with no polling."""
+
+    def __init__(self, name: str):
+        super().__init__(name=name, daemon=True)
+        self.q: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.start()
+
+    def add(self, work: dist.Work, tensor: torch.Tensor, done: Callable[[], None]) -> None:
+        self.q.put((work, tensor, done))  # the tensor stays alive until the send completes
+
+    def run(self) -> None:
+        while (item := self.q.get()) is not None:
+            work, _tensor, done = item
+            try:
+                work.wait()
+            except BaseException as e:  # noqa: BLE001 - surfaced by close()
+                self.error = e
+            done()
+
+    def close(self) -> None:
+        self.q.put(None)
+        self.join()
+        if self.error is not None:
+            raise RuntimeError(f"{self.name}: a send failed") from self.error
+
+
+@dataclass
+class CommStats:
+    """Per-step counters, reset as each step's metrics are taken."""
+
+    exposed: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # kind -> seconds blocked
+    transfers: int = 0
+    cpu_s: float = 0.0  # thread CPU time spent in scheduling and launching
+
+    def take(self) -> tuple[dict[str, float], int, float]:
+        out = (dict(self.exposed), self.transfers, self.cpu_s)
+        self.exposed.clear()
+        self.transfers, self.cpu_s = 0, 0.0
+        return out
+
+
+class Comm:
+    def __init__(self, policy: Policy, schedule: Schedule, groups: Groups, model: StageModel,
+                 activation_shape: tuple[int, ...], device: torch.device, recorder: Recorder):
+        self.policy, self.sched, self.g, self.model = policy, schedule, groups, model
+        self.shape, self.device, self.rec = activation_shape, device, recorder
+        self.stats = CommStats()
+        self.scheduler = CommScheduler(policy)
+        self.cond = threading.Condition()
+        self.reapers = {op: _Reaper(f"trirace-send-{op.value}") for op in (Op.SF, Op.SB)} if not policy.blocking else {}
+        self.chunk_works: dict[Chunk, dist.Work] = {}
+        self.done_chunks: set[Chunk] = set()
+        self.step_chunks: dict[int, list[Chunk]] = {}
+        self.pending_params: dict[int, dict[int, int]] = {}  # step -> chunk seq -> params not ready
+        self.armed: dict[int, int] = {}  # version slot -> step whose last backward runs on it
+        self.posted: dict[Action, tuple[dist.Work, torch.Tensor, float]] = {}
+        acts = schedule.actions[groups.stage]
+        self.recv_queue = deque(a for a in acts if a.op in (Op.RF, Op.RB))
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.launcher: threading.Thread | None = None
+        if not policy.blocking:
+            model.on_grad_ready(self._param_ready)
+            self.launcher = threading.Thread(target=self._launch_loop, name="trirace-launcher", daemon=True)
+            self.launcher.start()
+            self._post_recvs()
+
+    # ------------------------------------------------------------ P2P
+
+    def _peer(self, op: Op) -> tuple[int, dist.ProcessGroup]:
+        if op in (Op.RF, Op.SB):
+            return self.g.prev_rank, self.g.prev
+        return self.g.next_rank, self.g.next
+
+    def _irecv(self, a: Action) -> None:
+        t = torch.empty(self.shape, device=self.device)
+        src, group = self._peer(a.op)
+        self.posted[a] = (dist.irecv(t, src=src, group=group), t, self.rec.now())
+
+    def _post_recvs(self, ahead: int = 2) -> None:
+        """Keep the next receives posted before their data can arrive (receive before send)."""
+        while self.recv_queue and sum(1 for a in self.posted if a.op in (Op.RF, Op.RB)) < ahead:
+            self._irecv(self.recv_queue.popleft())
+
+    def _isend(self, a: Action, tensor: torch.Tensor) -> dist.Work:
+        dst, group = self._peer(a.op)
+        t0 = self.rec.now()
+        work = dist.isend(tensor, dst=dst, group=group)
+        self.stats.transfers += 1
+        if not self.policy.blocking:
+            with self.cond:
+                self.scheduler.p2p_started()
+
+            def finished(a=a, t0=t0, nbytes=tensor.numel() * tensor.element_size()):
+                self.rec.span("p2p send", str(a), t0, self.rec.now(), bytes=nbytes)
+                with self.cond:
+                    self.scheduler.p2p_finished()
+                    self.cond.notify_all()
+            self.reapers[a.op].add(work, tensor, finished)
+        return work
+
+    def exchange(self, sends: list[tuple[Action, torch.Tensor]], recvs: list[Action]) -> dict[Action, torch.Tensor]:
+        """Run one group of adjacent P2P actions; return the received tensors."""
+        if self.policy.blocking:
+            for a in recvs:
+                self._irecv(a)
+                self.recv_queue.remove(a)
+            works = [self._isend(a, t) for a, t in sends]
+            t0 = time.perf_counter()
+            for w in works:
+                w.wait()
+            out = {a: self._wait_recv(a) for a in recvs}
+            self.stats.exposed[Kind.P2P.value] += time.perf_counter() - t0
+            return out
+        for a, t in sends:
+            self._isend(a, t)
+        return {a: self._wait_recv(a) for a in recvs}
+
+    def _wait_recv(self, a: Action) -> torch.Tensor:
+        work, t, posted_at = self.posted.pop(a)
+        t0 = time.perf_counter()
+        if not self.policy.blocking:
+            with self.cond:
+                self.scheduler.p2p_started()  # a stage is waiting on this link now
+        work.wait()
+        if not self.policy.blocking:
+            with self.cond:
+                self.scheduler.p2p_finished()
+                self.cond.notify_all()
+            self.stats.exposed[Kind.P2P.value] += time.perf_counter() - t0
+            self._post_recvs()
+        self.stats.transfers += 1
+        self.rec.span("p2p recv", str(a), max(posted_at, t0), self.rec.now(), waited_s=time.perf_counter() - t0)
+        return t
+
+    # ------------------------------------------------------------ gradient reduction
+
+    def _plan(self, step: int) -> list[Chunk]:
+        if step not in self.step_chunks:
+            chunk_elems = None if self.policy.partition_bytes is None else self.policy.partition_bytes // 4
+            self.step_chunks[step] = plan_reduction(step, self.model.numels, chunk_elems, self.policy.chunk_order)
+        return self.step_chunks[step]
+
+    def backward_begins(self, step: int, last: bool) -> None:
+        """Before each backward; `last` marks the step's final micro-batch, whose gradient
+        accumulation readies the step's chunks."""
+        if self.policy.blocking or not last or self.g.dp is None:
+            return
+        chunks = self._plan(step)
+        with self.cond:
+            self.pending_params[step] = {c.seq: c.params[1] - c.params[0] for c in chunks}
+            self.armed[self.sched.version_of_step(step) % len(self.model.versions)] = step
+            self.scheduler.enqueue(chunks)
+
+    def backward_ends(self, step: int, last: bool) -> None:
+        if not self.policy.blocking and last and self.g.dp is not None:
+            with self.cond:
+                self.armed.pop(self.sched.version_of_step(step) % len(self.model.versions), None)
+                for c in self._plan(step):  # parameters without a gradient are ready too
+                    if self.pending_params[step].pop(c.seq, None) is not None:
+                        self.scheduler.ready(c)
+                self.cond.notify_all()
+
+    def _param_ready(self, slot: int, index: int) -> None:
+        t0 = time.thread_time()
+        with self.cond:
+            step = self.armed.get(slot)
+            if step is None:
+                return
+            pending = self.pending_params[step]
+            for c in self._plan(step):
+                if c.params[0] <= index < c.params[1] and c.seq in pending:
+                    pending[c.seq] -= 1
+                    if pending[c.seq] == 0:
+                        del pending[c.seq]
+                        self.scheduler.ready(c)
+                        self.cond.notify_all()
+        self.stats.cpu_s += time.thread_time() - t0
+
+    def _launch_loop(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    while not self.stopping and not (batch := self.scheduler.launches()):
+                        self.cond.wait()
+                    if self.stopping:
+                        return
+                t0 = time.thread_time()
+                for c in batch:
+                    self._launch_chunk(c)
+                self.stats.cpu_s += time.thread_time() - t0
+        except BaseException as e:  # surfaced to the engine at its next wait
+            with self.cond:
+                self.error = e
+                self.cond.notify_all()
+
+    def _launch_chunk(self, c: Chunk) -> None:
+        flat = self.model.flat_grad(self.sched.version_of_step(c.step))
+        t0 = self.rec.now()
+        work = dist.all_reduce(flat[c.start:c.stop], group=self.g.dp, async_op=True)
+        self.stats.transfers += 1
+
+        def finished(_fut, c=c, t0=t0):
+            self.rec.span("allreduce", c.name, t0, self.rec.now(), bytes=c.nbytes)
+            with self.cond:
+                self.scheduler.finished(c)
+                self.done_chunks.add(c)
+                self.cond.notify_all()
+        with self.cond:
+            self.chunk_works[c] = work
+        work.get_future().add_done_callback(finished)
+
+    def reduce(self, step: int) -> None:
+        """Block until step `step`'s gradients are averaged across replicas (the AR action)."""
+        flat = self.model.flat_grad(self.sched.version_of_step(step))
+        if self.g.dp is None:
+            return
+        t0 = time.perf_counter()
+        if self.policy.blocking:
+            dist.all_reduce(flat, group=self.g.dp)
+            self.stats.transfers += 1
+            self.rec.span("allreduce", f"AR{step}", t0, self.rec.now(), bytes=flat.numel() * 4)
+        else:
+            chunks = self._plan(step)
+            with self.cond:
+                self.scheduler.deadline(step)
+                self.cond.notify_all()
+                self.cond.wait_for(lambda: self.error is not None or all(c in self.done_chunks for c in chunks))
+                if self.error is not None:
+                    raise RuntimeError("communication launcher failed") from self.error
+                works = [self.chunk_works.pop(c) for c in chunks]
+                self.done_chunks.difference_update(chunks)
+            for w in works:
+                w.wait()
+            del self.step_chunks[step]
+            self.pending_params.pop(step, None)
+        flat /= self.g.layout.dp
+        self.stats.exposed[Kind.ALLREDUCE.value] += time.perf_counter() - t0
+        self.rec.flow(f"AR{step}" if self.policy.blocking else chunks[-1].name if chunks else "", f"OPT{step}")
+
+    def close(self) -> None:
+        for r in self.reapers.values():
+            r.close()
+        for work, _, _ in self.posted.values():  # nothing should be left; never leave a handle unwaited
+            work.wait()
+        if self.launcher:
+            with self.cond:
+                self.stopping = True
+                self.cond.notify_all()
+            self.launcher.join()
