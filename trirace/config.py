@@ -41,6 +41,8 @@ class TrainConfig(BaseModel):
     partition_mb: float | None = Field(None, gt=0, description="all-reduce chunk size in MiB (default: per policy)")
     credit_mb: float | None = Field(None, gt=0, description="bound on all-reduce MiB in flight (default: per policy)")
     trace_out: Path | None = Field(None, description="directory for a Chrome/Perfetto timeline")
+    straggler: tuple[int, float] | None = Field(
+        None, description="fault injection: RANK:SECONDS makes that rank sleep after every forward")
     metrics_out: Path | None = Field(None, description="JSON lines, one object per step")
     progress: bool = Field(True, description="show a progress bar")
 
@@ -56,6 +58,16 @@ class TrainConfig(BaseModel):
     def _split_partition(cls, v: Any) -> Any:
         return [int(x) for x in v.split(",")] if isinstance(v, str) else v
 
+    @field_validator("straggler", mode="before")
+    @classmethod
+    def _split_straggler(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            rank, sep, secs = v.partition(":")
+            if not sep:
+                raise ValueError("expected RANK:SECONDS, e.g. 1:0.05")
+            return (rank, secs)
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":
         spec = PRESETS[self.model]
@@ -67,6 +79,8 @@ class TrainConfig(BaseModel):
                 f"2bw needs micro_batches >= pp (got {self.micro_batches} < {self.pp})")
         if self.seq_len is not None and self.seq_len > spec.max_seq_len:
             raise ValueError(f"seq_len {self.seq_len} exceeds {self.model}'s maximum {spec.max_seq_len}")
+        if self.straggler is not None and not 0 <= self.straggler[0] < self.world_size:
+            raise ValueError(f"straggler rank {self.straggler[0]} is outside the {self.world_size} ranks")
         if self.partition is not None:
             try:
                 check_sizes(self.partition, n_layers, self.pp)

@@ -14,7 +14,6 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -57,19 +56,28 @@ class _Reaper(threading.Thread):
             raise RuntimeError(f"{self.name}: a send failed") from self.error
 
 
-@dataclass
 class CommStats:
-    """Per-step counters, reset as each step's metrics are taken."""
+    """Counters per step: the step a transfer's data belongs to, not the wall-clock window,
+    so the last steps of a 2BW run (whose updates run back to back) still own their transfers.
+    Written from the engine, the launcher and the hooks, hence the lock."""
 
-    exposed: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # kind -> seconds blocked
-    transfers: int = 0
-    cpu_s: float = 0.0  # thread CPU time spent in scheduling and launching
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._steps: dict[int, dict] = defaultdict(lambda: {"exposed": defaultdict(float), "transfers": 0, "cpu_s": 0.0})
 
-    def take(self) -> tuple[dict[str, float], int, float]:
-        out = (dict(self.exposed), self.transfers, self.cpu_s)
-        self.exposed.clear()
-        self.transfers, self.cpu_s = 0, 0.0
-        return out
+    def add(self, step: int, *, kind: str | None = None, exposed_s: float = 0.0, transfers: int = 0,
+            cpu_s: float = 0.0) -> None:
+        with self._lock:
+            st = self._steps[step]
+            if kind is not None:
+                st["exposed"][kind] += exposed_s
+            st["transfers"] += transfers
+            st["cpu_s"] += cpu_s
+
+    def take(self, step: int) -> tuple[dict[str, float], int, float]:
+        with self._lock:
+            st = self._steps.pop(step, None) or {"exposed": {}, "transfers": 0, "cpu_s": 0.0}
+        return dict(st["exposed"]), st["transfers"], st["cpu_s"]
 
 
 class Comm:
@@ -119,7 +127,7 @@ class Comm:
         dst, group = self._peer(a.op)
         t0 = self.rec.now()
         work = dist.isend(tensor, dst=dst, group=group)
-        self.stats.transfers += 1
+        self.stats.add(self.sched.step_of(a.index), transfers=1)
         if not self.policy.blocking:
             with self.cond:
                 self.scheduler.p2p_started()
@@ -143,7 +151,8 @@ class Comm:
             for w in works:
                 w.wait()
             out = {a: self._wait_recv(a) for a in recvs}
-            self.stats.exposed[Kind.P2P.value] += time.perf_counter() - t0
+            step = self.sched.step_of((sends[0][0] if sends else recvs[0]).index)
+            self.stats.add(step, kind=Kind.P2P.value, exposed_s=time.perf_counter() - t0)
             return out
         for a, t in sends:
             self._isend(a, t)
@@ -160,9 +169,9 @@ class Comm:
             with self.cond:
                 self.scheduler.p2p_finished()
                 self.cond.notify_all()
-            self.stats.exposed[Kind.P2P.value] += time.perf_counter() - t0
+            self.stats.add(self.sched.step_of(a.index), kind=Kind.P2P.value, exposed_s=time.perf_counter() - t0)
             self._post_recvs()
-        self.stats.transfers += 1
+        self.stats.add(self.sched.step_of(a.index), transfers=1)
         self.rec.span("p2p recv", str(a), max(posted_at, t0), self.rec.now(), waited_s=time.perf_counter() - t0)
         return t
 
@@ -208,7 +217,7 @@ class Comm:
                         del pending[c.seq]
                         self.scheduler.ready(c)
                         self.cond.notify_all()
-        self.stats.cpu_s += time.thread_time() - t0
+        self.stats.add(step, cpu_s=time.thread_time() - t0)
 
     def _launch_loop(self) -> None:
         try:
@@ -218,10 +227,10 @@ class Comm:
                         self.cond.wait()
                     if self.stopping:
                         return
-                t0 = time.thread_time()
                 for c in batch:
+                    t0 = time.thread_time()
                     self._launch_chunk(c)
-                self.stats.cpu_s += time.thread_time() - t0
+                    self.stats.add(c.step, transfers=1, cpu_s=time.thread_time() - t0)
         except BaseException as e:  # surfaced to the engine at its next wait
             with self.cond:
                 self.error = e
@@ -231,7 +240,6 @@ class Comm:
         flat = self.model.flat_grad(self.sched.version_of_step(c.step))
         t0 = self.rec.now()
         work = dist.all_reduce(flat[c.start:c.stop], group=self.g.dp, async_op=True)
-        self.stats.transfers += 1
 
         def finished(_fut, c=c, t0=t0):
             self.rec.span("allreduce", c.name, t0, self.rec.now(), bytes=c.nbytes)
@@ -251,7 +259,7 @@ class Comm:
         t0 = time.perf_counter()
         if self.policy.blocking:
             dist.all_reduce(flat, group=self.g.dp)
-            self.stats.transfers += 1
+            self.stats.add(step, transfers=1)
             self.rec.span("allreduce", f"AR{step}", t0, self.rec.now(), bytes=flat.numel() * 4)
         else:
             chunks = self._plan(step)
@@ -268,7 +276,7 @@ class Comm:
             del self.step_chunks[step]
             self.pending_params.pop(step, None)
         flat /= self.g.layout.dp
-        self.stats.exposed[Kind.ALLREDUCE.value] += time.perf_counter() - t0
+        self.stats.add(step, kind=Kind.ALLREDUCE.value, exposed_s=time.perf_counter() - t0)
         self.rec.flow(f"AR{step}" if self.policy.blocking else chunks[-1].name if chunks else "", f"OPT{step}")
 
     def close(self) -> None:

@@ -36,9 +36,10 @@ class StepRecord:
 class Engine:
     def __init__(self, schedule: Schedule, model: StageModel, groups: Groups, comm: Comm, batch: BatchFn,
                  device: torch.device, recorder: Recorder,
-                 on_step: Callable[[StepRecord], None] | None = None):
+                 on_step: Callable[[StepRecord], None] | None = None, delay_s: float = 0.0):
         self.sched, self.model, self.g, self.comm, self.batch = schedule, model, groups, comm, batch
         self.device, self.rec, self.on_step = device, recorder, on_step
+        self.delay_s = delay_s  # an injected straggler: extra time after every forward
         self.m = schedule.micro_batches
         self.inputs: dict[int, torch.Tensor] = {}  # received activation (requires grad)
         self.outputs: dict[int, torch.Tensor] = {}  # stage output, or the scaled loss on the last stage
@@ -65,6 +66,8 @@ class Engine:
             self._record(step).losses.append(loss.item())
             y = loss / self.m  # gradients average over micro-batches
         self.outputs[k] = y
+        if self.delay_s:
+            time.sleep(self.delay_s)
 
     def backward(self, k: int) -> None:
         step = self.sched.step_of(k)

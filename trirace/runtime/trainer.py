@@ -95,7 +95,8 @@ class Trainer:
         report = _Reporter(cfg, self.sizes) if g.is_reporter else None
         metrics = _StepMetrics(cfg, g, comm, report)
         engine = Engine(schedule, self.model, g, comm, batch_fn(cfg, self.sampler), self.device, rec,
-                        on_step=metrics.step)
+                        on_step=metrics.step,
+                        delay_s=cfg.straggler[1] if cfg.straggler and cfg.straggler[0] == g.rank else 0.0)
         dist.barrier()
         t_start = rec.now()
         if report:
@@ -122,7 +123,7 @@ class _StepMetrics:
         self.pending: list[tuple[int, float, torch.Tensor, dist.Work]] = []
 
     def step(self, rec: StepRecord) -> None:
-        exposed, transfers, cpu_s = self.comm.stats.take()
+        exposed, transfers, cpu_s = self.comm.stats.take(rec.step)
         loss = sum(rec.losses) / len(rec.losses) if rec.losses else 0.0
         vec = torch.tensor([loss, exposed.get("p2p", 0.0), exposed.get("allreduce", 0.0),
                             exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s], dtype=torch.float64)
