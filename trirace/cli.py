@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     train = sub.add_parser("train", help="train a model (spawns pp x dp local processes, or runs under torchrun)")
     _add_config_flags(train, TrainConfig)
+    bench = sub.add_parser("bench", help="run the communication policies side by side and compare them")
+    _add_config_flags(bench, TrainConfig)
+    bench.add_argument("--rounds", type=int, default=2, help="interleaved rounds per policy (default: 2)")
+    bench.add_argument("--policies", default="blocking,fifo,priority,trirace", help="comma-separated policies")
+    bench.add_argument("--json", metavar="FILE", help="write the results as JSON")
     return parser
 
 
@@ -66,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(args)
+        if args.command == "bench":
+            return _bench(args)
     except UsageError as e:
         print(f"trirace: error: {e}", file=sys.stderr)
         return 2
@@ -75,16 +82,44 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _config(args: argparse.Namespace, **defaults) -> TrainConfig:
+    values = {k: getattr(args, k) for k in TrainConfig.model_fields}
+    return make_config({**defaults, **{k: v for k, v in values.items() if v is not None}}, config_file=args.config)
+
+
 def _train(args: argparse.Namespace) -> int:
     from .runtime import WorkerFailed, train  # torch is imported only once the flags are sane
 
-    values = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
-    cfg = make_config(values, config_file=args.config)
+    cfg = _config(args)
     try:
         train(cfg)
     except WorkerFailed as e:
         print(f"trirace: {e}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import json
+
+    from .bench import policies as bench
+    from .comm import POLICIES
+
+    chosen = tuple(p.strip() for p in args.policies.split(","))
+    if bad := [p for p in chosen if p not in POLICIES]:
+        raise UsageError(f"unknown policy {bad[0]!r}; choose from {', '.join(POLICIES)}")
+    if args.rounds < 1:
+        raise UsageError("--rounds must be at least 1")
+    cfg = _config(args, steps=8)
+    print(f"bench: {cfg.model} {cfg.schedule} pp={cfg.pp} dp={cfg.dp} m={cfg.micro_batches} "
+          f"{cfg.tokens_per_step} tokens/step, {args.rounds} rounds x {cfg.steps} steps per policy, loopback",
+          flush=True)
+    results = bench.run(cfg, chosen, args.rounds)
+    print(bench.table(results))
+    if args.json:
+        payload = {"config": cfg.model_dump(mode="json"), "results": [r.__dict__ for r in results]}
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=2)
     return 0
 
 

@@ -142,6 +142,14 @@ class Comm:
 
     def exchange(self, sends: list[tuple[Action, torch.Tensor]], recvs: list[Action]) -> dict[Action, torch.Tensor]:
         """Run one group of adjacent P2P actions; return the received tensors."""
+        cpu0 = time.thread_time()
+        try:
+            return self._exchange(sends, recvs)
+        finally:
+            step = self.sched.step_of((sends[0][0] if sends else recvs[0]).index)
+            self.stats.add(step, cpu_s=time.thread_time() - cpu0)
+
+    def _exchange(self, sends: list[tuple[Action, torch.Tensor]], recvs: list[Action]) -> dict[Action, torch.Tensor]:
         if self.policy.blocking:
             for a in recvs:
                 self._irecv(a)
@@ -253,6 +261,13 @@ class Comm:
 
     def reduce(self, step: int) -> None:
         """Block until step `step`'s gradients are averaged across replicas (the AR action)."""
+        cpu0 = time.thread_time()
+        try:
+            self._reduce(step)
+        finally:
+            self.stats.add(step, cpu_s=time.thread_time() - cpu0)
+
+    def _reduce(self, step: int) -> None:
         flat = self.model.flat_grad(self.sched.version_of_step(step))
         if self.g.dp is None:
             return
