@@ -22,6 +22,8 @@ def pp2dp2():
     base = dict(BASE, pp=2, dp=2, steps=6, micro_batches=3, micro_batch_size=2)
     cfgs = [make_config(base, schedule=s, comm_policy=p) for s in ("2bw", "1f1b") for p in POLICIES]
     cfgs += [make_config(base, schedule="2bw", comm_policy=p, straggler="1:0.02") for p in POLICIES]
+    cfgs += [make_config(base, schedule="2bw", comm_policy="trirace", autotune=True, steps=30, straggler="2:0.002"),
+             make_config(base, schedule="2bw", comm_policy="blocking", steps=30)]
     res = run_local(cfgs, timeout_s=300)
     return cfgs, res
 
@@ -42,8 +44,25 @@ def test_straggler_replica_keeps_the_math(pp2dp2):
     the agreed order of their collectives does not, so nothing hangs or mixes."""
     cfgs, res = pp2dp2
     reference = _losses(res[:1])[0]
-    for c, losses in zip(cfgs[8:], _losses(res[8:])):
+    for c, losses in zip(cfgs[8:12], _losses(res[8:12])):
         assert losses == reference, c.comm_policy
+
+
+def test_autotune_agrees_on_every_rank_and_keeps_the_math(pp2dp2):
+    """Trials change the chunking step by step; replicas that disagreed would all-reduce
+    different slices (a hang or an error), and a wrong tuner would change the losses."""
+    from trirace.comm.autotune import TRIALS, Tuner
+    from trirace.comm import make_policy
+
+    cfgs, res = pp2dp2
+    tuned, blocking = res[12], res[13]
+    assert [r["loss"] for r in tuned] == [r["loss"] for r in blocking]
+    tuner = Tuner(make_policy("trirace"), lag=2)
+    sizes = [(r["partition_mb"], r["credit_mb"]) for r in tuned]
+    for i, trial in enumerate(TRIALS):
+        assert sizes[tuner.first + i * tuner.per_trial] == trial
+    final = sizes[tuner.apply_from:]
+    assert len(final) >= 2 and len(set(final)) == 1 and final[0] in TRIALS
 
 
 def test_metrics_report_exposed_communication(pp2dp2):

@@ -40,6 +40,7 @@ class TrainConfig(BaseModel):
         "trirace", description="communication policy")
     partition_mb: float | None = Field(None, gt=0, description="all-reduce chunk size in MiB (default: per policy)")
     credit_mb: float | None = Field(None, gt=0, description="bound on all-reduce MiB in flight (default: per policy)")
+    autotune: bool = Field(False, description="tune chunk and credit sizes during the first steps")
     trace_out: Path | None = Field(None, description="directory for a Chrome/Perfetto timeline")
     straggler: tuple[int, float] | None = Field(
         None, description="fault injection: RANK:SECONDS makes that rank sleep after every forward")
@@ -79,6 +80,8 @@ class TrainConfig(BaseModel):
                 f"2bw needs micro_batches >= pp (got {self.micro_batches} < {self.pp})")
         if self.seq_len is not None and self.seq_len > spec.max_seq_len:
             raise ValueError(f"seq_len {self.seq_len} exceeds {self.model}'s maximum {spec.max_seq_len}")
+        if self.autotune and self.comm_policy == "blocking":
+            raise ValueError("autotune tunes chunk and credit sizes; the blocking policy has none")
         if self.straggler is not None and not 0 <= self.straggler[0] < self.world_size:
             raise ValueError(f"straggler rank {self.straggler[0]} is outside the {self.world_size} ranks")
         if self.partition is not None:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm import CommScheduler, Policy
+from ..comm.autotune import Tuner
 from ..obs.timeline import Recorder
 from ..plan import Action, Op, Schedule
 from ..plan.transfers import Chunk, Kind, plan_reduction
@@ -82,8 +83,10 @@ class CommStats:
 
 class Comm:
     def __init__(self, policy: Policy, schedule: Schedule, groups: Groups, model: StageModel,
-                 activation_shape: tuple[int, ...], device: torch.device, recorder: Recorder):
+                 activation_shape: tuple[int, ...], device: torch.device, recorder: Recorder,
+                 tuner: Tuner | None = None):
         self.policy, self.sched, self.g, self.model = policy, schedule, groups, model
+        self.tuner = tuner
         self.shape, self.device, self.rec = activation_shape, device, recorder
         self.stats = CommStats()
         self.scheduler = CommScheduler(policy)
@@ -185,10 +188,15 @@ class Comm:
 
     # ------------------------------------------------------------ gradient reduction
 
+    def policy_for(self, step: int) -> Policy:
+        """The policy with the chunk and credit sizes that step `step` uses (tuned or fixed)."""
+        return self.tuner.policy_for(step) if self.tuner else self.policy
+
     def _plan(self, step: int) -> list[Chunk]:
         if step not in self.step_chunks:
-            chunk_elems = None if self.policy.partition_bytes is None else self.policy.partition_bytes // 4
-            self.step_chunks[step] = plan_reduction(step, self.model.numels, chunk_elems, self.policy.chunk_order)
+            p = self.policy_for(step)
+            chunk_elems = None if p.partition_bytes is None else p.partition_bytes // 4
+            self.step_chunks[step] = plan_reduction(step, self.model.numels, chunk_elems, p.chunk_order)
         return self.step_chunks[step]
 
     def backward_begins(self, step: int, last: bool) -> None:
@@ -200,6 +208,7 @@ class Comm:
         with self.cond:
             self.pending_params[step] = {c.seq: c.params[1] - c.params[0] for c in chunks}
             self.armed[self.sched.version_of_step(step) % len(self.model.versions)] = step
+            self.scheduler.policy = self.policy_for(step)
             self.scheduler.enqueue(chunks)
 
     def backward_ends(self, step: int, last: bool) -> None:

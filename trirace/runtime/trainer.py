@@ -18,6 +18,8 @@ from ..errors import UsageError
 from ..models import layer_names, layer_param_counts
 from ..plan import Layout, balance, build_schedule, stage_ranges
 from ..comm import make_policy
+from ..comm.autotune import Tuner
+from ..comm.policies import MiB
 from ..obs.timeline import Recorder, write_trace
 from ..plan.schedule import defer_updates
 from .comm import Comm
@@ -91,14 +93,15 @@ class Trainer:
         schedule = defer_updates(self.schedule) if policy.defer_updates else self.schedule
         rec = Recorder(g.rank, enabled=cfg.trace_out is not None)
         shape = (cfg.micro_batch_size, cfg.tokens_seq, cfg.spec.d_model)
-        comm = Comm(policy, schedule, g, self.model, shape, self.device, rec)
+        tuner = Tuner(policy, lag=_StepMetrics.LAG) if cfg.autotune else None
+        comm = Comm(policy, schedule, g, self.model, shape, self.device, rec, tuner)
         report = _Reporter(cfg, self.sizes) if g.is_reporter else None
         metrics = _StepMetrics(cfg, g, comm, report)
         engine = Engine(schedule, self.model, g, comm, batch_fn(cfg, self.sampler), self.device, rec,
                         on_step=metrics.step,
                         delay_s=cfg.straggler[1] if cfg.straggler and cfg.straggler[0] == g.rank else 0.0)
         dist.barrier()
-        t_start = rec.now()
+        t_start = metrics.last_end = rec.now()
         if report:
             report.start(t_start)
         engine.run(schedule.actions[g.stage])
@@ -115,18 +118,22 @@ class _StepMetrics:
     hold the pipeline back."""
 
     FIELDS = ("loss", "exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s", "transfers",
-              "comm_cpu_s")
+              "comm_cpu_s", "step_time_s")
     LAG = 2
 
     def __init__(self, cfg: TrainConfig, g: Groups, comm: Comm, report: "_Reporter | None"):
         self.cfg, self.g, self.comm, self.report = cfg, g, comm, report
         self.pending: list[tuple[int, float, torch.Tensor, dist.Work]] = []
+        self.last_end: float | None = None
 
     def step(self, rec: StepRecord) -> None:
         exposed, transfers, cpu_s = self.comm.stats.take(rec.step)
         loss = sum(rec.losses) / len(rec.losses) if rec.losses else 0.0
+        window = rec.end_time - (self.last_end if self.last_end is not None else rec.end_time)
+        self.last_end = rec.end_time
         vec = torch.tensor([loss, exposed.get("p2p", 0.0), exposed.get("allreduce", 0.0),
-                            exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s], dtype=torch.float64)
+                            exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s, window],
+                           dtype=torch.float64)
         work = dist.all_reduce(vec, group=self.g.world, async_op=True)
         self.pending.append((rec.step, rec.end_time, vec, work))
         while len(self.pending) > self.LAG:
@@ -138,15 +145,20 @@ class _StepMetrics:
 
     def _emit(self, step: int, end: float, vec: torch.Tensor, work: dist.Work) -> None:
         work.wait()
-        if self.report is None:
-            return
         world = self.cfg.world_size
         v = dict(zip(self.FIELDS, vec.tolist()))
+        if self.comm.tuner:  # the same numbers on every rank: the same decision everywhere
+            self.comm.tuner.observe(step, v["step_time_s"] / world)
+        if self.report is None:
+            return
         row = {"loss": v["loss"] / self.cfg.dp,  # only last-stage ranks contribute a loss
                "comm_policy": self.cfg.comm_policy}
         for k in ("exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s"):
             row[k] = v[k] / world  # mean per rank
         row["transfers"] = int(v["transfers"])
+        p = self.comm.policy_for(step)
+        row["partition_mb"] = p.partition_bytes / MiB if p.partition_bytes else None
+        row["credit_mb"] = p.credit_bytes / MiB if p.credit_bytes else None
         row["comm_cpu_us_per_transfer"] = 1e6 * v["comm_cpu_s"] / max(v["transfers"], 1)
         self.report.step(step, end, row)
 
