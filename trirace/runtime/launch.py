@@ -4,11 +4,13 @@ torchrun (env:// rendezvous, NCCL on GPUs, gloo on CPUs)."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
+import queue
+import subprocess
+import sys
 import tempfile
-import traceback
-from multiprocessing.connection import wait
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -52,23 +54,34 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
     return cfg.model_copy(update={"partition": plan_partition(cfg, sampler)})
 
 
-def run_local(cfgs: list[TrainConfig], world_size: int | None = None, timeout_s: float | None = None) -> list[list[dict]]:
-    """Run several configurations one after another in one set of local processes (one
-    process start-up for all of them: what tests and benchmarks want). Each config must use
-    pp * dp == world_size ranks. Returns the reporter's metrics per config."""
+def run_local(cfgs: list[TrainConfig], world_size: int | None = None, timeout_s: float | None = None,
+              systems: list[str] | None = None, rank_command: Callable[[int], list[str]] | None = None,
+              rank_env: Callable[[int], dict[str, str]] | None = None) -> list[list[dict]]:
+    """Run several configurations one after another in one set of worker processes (one
+    start-up for all of them: what tests and benchmarks want). Each config must use
+    pp * dp == world_size ranks. `systems` names what runs each config ("trirace", or a
+    peer such as "torch-1f1b"); `rank_command`/`rank_env` let a caller wrap a rank's
+    process (e.g. `ip netns exec NODE`) and set its environment. Returns the reporter's
+    metrics per config."""
     world_size = world_size or cfgs[0].world_size
     for c in cfgs:
         if c.world_size != world_size:
             raise UsageError(f"config needs {c.world_size} ranks but the job has {world_size}")
     cfgs = [prepare(c) for c in cfgs]
-    ctx = mp.get_context("spawn")
+    systems = systems or ["trirace"] * len(cfgs)
     with tempfile.TemporaryDirectory(prefix="trirace-") as tmp:
-        store = Path(tmp) / "store"
-        procs = [ctx.Process(target=_worker, args=(r, world_size, str(store), cfgs, tmp), daemon=True)
-                 for r in range(world_size)]
-        for p in procs:
-            p.start()
-        _supervise(procs, timeout_s)
+        jobs = Path(tmp) / "jobs.json"
+        jobs.write_text(json.dumps([{"system": s, "config": c.model_dump(mode="json")} for s, c in zip(systems, cfgs)]))
+        procs = []
+        try:
+            for r in range(world_size):
+                cmd = [*(rank_command(r) if rank_command else []), sys.executable, "-m", "trirace.runtime.worker",
+                       str(jobs), str(r), str(world_size), str(Path(tmp) / "store"), tmp]
+                env = {**os.environ, **(rank_env(r) if rank_env else {})}
+                procs.append(subprocess.Popen(cmd, env=env))
+            _supervise(procs, timeout_s)
+        finally:
+            _stop(procs)
         out = []
         for i in range(len(cfgs)):
             f = Path(tmp) / f"result-{i}.json"
@@ -76,42 +89,28 @@ def run_local(cfgs: list[TrainConfig], world_size: int | None = None, timeout_s:
         return out
 
 
-def _supervise(procs: list, timeout_s: float | None) -> None:
-    """Wait for all workers; the first to fail stops the rest (no hung survivors)."""
-    alive = {p.sentinel: (r, p) for r, p in enumerate(procs)}
-    try:
-        while alive:
-            ready = wait(list(alive), timeout=timeout_s)
-            if not ready:
-                raise WorkerFailed(f"job did not finish within {timeout_s} s")
-            for s in ready:
-                rank, p = alive.pop(s)
-                p.join()
-                if p.exitcode != 0:
-                    raise WorkerFailed(f"rank {rank} exited with status {p.exitcode}")
-    finally:
-        for _, p in alive.values():
+def _supervise(procs: list[subprocess.Popen], timeout_s: float | None) -> None:
+    """Wait for all workers; the first to fail stops the rest (no hung survivors). One
+    waiting thread per worker turns exits into queue events: nothing polls."""
+    exits: queue.Queue = queue.Queue()
+    for rank, p in enumerate(procs):
+        threading.Thread(target=lambda r=rank, p=p: exits.put((r, p.wait())), daemon=True).start()
+    for _ in procs:
+        try:
+            rank, code = exits.get(timeout=timeout_s)
+        except queue.Empty:
+            raise WorkerFailed(f"job did not finish within {timeout_s} s") from None
+        if code != 0:
+            raise WorkerFailed(f"rank {rank} exited with status {code}")
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
             p.terminate()
-        for _, p in alive.values():
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-
-
-def _worker(rank: int, world_size: int, store: str, cfgs: list[TrainConfig], tmp: str) -> None:
-    # Processes share the cores: one intra-op thread each unless cores are plentiful.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    os.environ.setdefault("LOCAL_RANK", str(rank))
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
-    try:
-        for i, cfg in enumerate(cfgs):
-            rows = Trainer(cfg).run()
-            if rows is not None:
-                part = Path(tmp) / f"result-{i}.json.part"
-                part.write_text(json.dumps(rows))
-                part.replace(part.with_suffix(""))
-    except Exception:
-        traceback.print_exc()
-        raise SystemExit(1)
-    finally:
-        dist.destroy_process_group()
+    for p in procs:
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

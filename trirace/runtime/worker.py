@@ -1,0 +1,56 @@
+"""One rank of a locally launched job: `python -m trirace.runtime.worker JOBS RANK WORLD STORE OUT`.
+
+Runs every job in JOBS (a JSON list of {"system", "config"}) in order on one process group,
+rendezvous through a FileStore at STORE (a path: it works across network namespaces), and
+the reporter rank writes OUT/result-<i>.json for job i.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..config import TrainConfig
+from .trainer import Trainer
+
+
+def run_job(system: str, cfg: TrainConfig) -> list[dict] | None:
+    if system == "trirace":
+        return Trainer(cfg).run()
+    if system == "torch-1f1b":
+        from ..bench.torch_peer import run_peer
+
+        return run_peer(cfg)
+    raise ValueError(f"unknown system {system!r}")
+
+
+def main(argv: list[str]) -> int:
+    jobs_file, rank, world, store, out = argv[0], int(argv[1]), int(argv[2]), argv[3], Path(argv[4])
+    # Processes share the cores: one intra-op thread each unless cores are plentiful.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    os.environ.setdefault("LOCAL_RANK", str(rank))
+    jobs = json.loads(Path(jobs_file).read_text())
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        for i, job in enumerate(jobs):
+            rows = run_job(job["system"], TrainConfig(**job["config"]))
+            if rows is not None:
+                part = out / f"result-{i}.json.part"
+                part.write_text(json.dumps(rows))
+                part.replace(out / f"result-{i}.json")
+    except Exception:
+        traceback.print_exc()
+        return 1
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
