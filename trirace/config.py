@@ -35,7 +35,10 @@ class TrainConfig(BaseModel):
     data: str = Field("stdlib", description="'stdlib' (Python's own sources), 'synthetic', or a file/dir of text")
     partition: list[int] | None = Field(None, description="layers per stage, e.g. [3, 4]; default balances")
     balance: Literal["time", "params"] = Field("time", description="what the partitioner balances")
-    rank_order: Literal["dp-inner", "pp-inner"] = "dp-inner"
+    rank_order: Literal["auto", "dp-inner", "pp-inner"] = Field(
+        "auto", description="which parallelism gets adjacent ranks (auto: keep the heavier traffic inside nodes)")
+    topology: Path | None = Field(None, description="YAML topology (nodes, ranks_per_node, links); default: detect")
+    probe: bool = Field(True, description="measure link latency and bandwidth at start-up")
     comm_policy: Literal["blocking", "fifo", "priority", "trirace"] = Field(
         "trirace", description="communication policy")
     partition_mb: float | None = Field(None, gt=0, description="all-reduce chunk size in MiB (default: per policy)")

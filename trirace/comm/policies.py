@@ -17,7 +17,7 @@ group, so the real runtime and the simulator run the very same objects.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import UsageError
 from ..plan.transfers import Chunk
@@ -71,3 +71,11 @@ def make_policy(name: str, partition_mb: float | None = None, credit_mb: float |
     if name == "trirace":
         return Policy(name, mib(partition_mb, 2), mib(credit_mb, 4), "ready", yields_to_p2p=True)
     raise UsageError(f"unknown communication policy {name!r}; choose from {', '.join(POLICIES)}")
+
+
+def sized_for_link(policy: Policy, bytes_per_s: float, max_wait_s: float = 0.025) -> Policy:
+    """trirace's chunk size follows the link: a P2P transfer that arrives behind a chunk
+    waits at most about `max_wait_s`. Callers pass a bandwidth every member of the group
+    agrees on (the broadcast probe), since chunking must be identical across the group."""
+    chunk = int(min(max(bytes_per_s * max_wait_s, 256 * 1024), 8 * MiB)) // (64 * 1024) * (64 * 1024)
+    return replace(policy, partition_bytes=chunk, credit_bytes=2 * chunk)

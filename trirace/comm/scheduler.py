@@ -16,12 +16,13 @@ from .policies import InFlight, Policy
 
 
 class CommScheduler:
-    def __init__(self, policy: Policy):
+    def __init__(self, policy: Policy, chunk_link: str = "intra"):
         self.policy = policy
+        self.chunk_link = chunk_link  # the link class this rank's gradient chunks cross
         self.order: deque[Chunk] = deque()  # agreed launch order, not yet launched
         self.is_ready: set[Chunk] = set()
         self.in_flight: set[Chunk] = set()
-        self.p2p = 0
+        self.p2p: dict[str, int] = {}  # link class -> P2P transfers in flight on it
         self.urgent_through = -1  # steps whose deadline has arrived
 
     def enqueue(self, chunks: list[Chunk]) -> None:
@@ -30,11 +31,11 @@ class CommScheduler:
     def ready(self, chunk: Chunk) -> None:
         self.is_ready.add(chunk)
 
-    def p2p_started(self) -> None:
-        self.p2p += 1
+    def p2p_started(self, link: str = "intra") -> None:
+        self.p2p[link] = self.p2p.get(link, 0) + 1
 
-    def p2p_finished(self) -> None:
-        self.p2p -= 1
+    def p2p_finished(self, link: str = "intra") -> None:
+        self.p2p[link] -= 1
 
     def finished(self, chunk: Chunk) -> None:
         self.in_flight.discard(chunk)
@@ -44,7 +45,8 @@ class CommScheduler:
         self.urgent_through = max(self.urgent_through, step)
 
     def now(self) -> InFlight:
-        return InFlight(self.p2p, sum(c.nbytes for c in self.in_flight))
+        """In flight on the link this rank's chunks use: P2P elsewhere does not compete."""
+        return InFlight(self.p2p.get(self.chunk_link, 0), sum(c.nbytes for c in self.in_flight))
 
     def launches(self) -> list[Chunk]:
         """Chunks to launch now, in order. Stops at the first that may not go yet: skipping

@@ -22,6 +22,7 @@ class Recorder:
     enabled: bool = False
     spans: list[tuple] = field(default_factory=list)  # (track, lane, name, t0, t1, args)
     flows: list[tuple] = field(default_factory=list)  # (from span name, to span name)
+    counters: list[tuple] = field(default_factory=list)  # (name, t, value)
     _lanes: dict[str, list[float]] = field(default_factory=dict)  # track -> end time per lane
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -40,6 +41,11 @@ class Recorder:
             else:
                 lanes[lane] = t1
             self.spans.append((track, lane, name, t0, t1, args))
+
+    def counter(self, name: str, value: float, t: float | None = None) -> None:
+        if self.enabled:
+            with self._lock:
+                self.counters.append((name, self.now() if t is None else t, value))
 
     def flow(self, src: str, dst: str) -> None:
         if self.enabled:
@@ -63,6 +69,8 @@ class Recorder:
             ev.append({"ph": "X", "name": name, "pid": self.rank, "tid": tid, "ts": us(t0),
                        "dur": max(us(t1) - us(t0), 0.001), "args": args})
             where[name] = (tid, t0, t1)
+        for name, t, value in self.counters:
+            ev.append({"ph": "C", "name": name, "pid": self.rank, "ts": us(t), "args": {"value": value}})
         for i, (src, dst) in enumerate(self.flows, start=self.rank * 1_000_000):
             if src in where and dst in where:
                 (stid, _, s1), (dtid, d0, _) = where[src], where[dst]

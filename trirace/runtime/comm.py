@@ -22,6 +22,7 @@ from ..comm import CommScheduler, Policy
 from ..comm.autotune import Tuner
 from ..obs.timeline import Recorder
 from ..plan import Action, Op, Schedule
+from ..plan.topology import Topology, single_node
 from ..plan.transfers import Chunk, Kind, plan_reduction
 from .groups import Groups
 from .stage import StageModel
@@ -57,6 +58,26 @@ class _Reaper(threading.Thread):
             raise RuntimeError(f"{self.name}: a send failed") from self.error
 
 
+class LinkEstimates:
+    """Achieved throughput per link class, from completed transfers (an exponential moving
+    average). Local to a rank: it may inform when this rank launches, never what its group
+    must agree on."""
+
+    def __init__(self, topo: Topology, weight: float = 0.2):
+        self.weight = weight
+        self.bytes_per_s = {cls: topo.link(cls).bytes_per_s for cls in ("intra", "inter")}
+        self._lock = threading.Lock()
+
+    def observe(self, link: str, nbytes: float, seconds: float, rec: Recorder) -> None:
+        if seconds <= 0 or nbytes < 64 * 1024:  # small transfers measure latency, not bandwidth
+            return
+        with self._lock:
+            old = self.bytes_per_s[link]
+            self.bytes_per_s[link] = old + self.weight * (nbytes / seconds - old)
+            value = self.bytes_per_s[link]
+        rec.counter(f"{link}-node link MB/s (achieved)", value / 1e6)
+
+
 class CommStats:
     """Counters per step: the step a transfer's data belongs to, not the wall-clock window,
     so the last steps of a 2BW run (whose updates run back to back) still own their transfers.
@@ -84,12 +105,14 @@ class CommStats:
 class Comm:
     def __init__(self, policy: Policy, schedule: Schedule, groups: Groups, model: StageModel,
                  activation_shape: tuple[int, ...], device: torch.device, recorder: Recorder,
-                 tuner: Tuner | None = None):
+                 tuner: Tuner | None = None, topology: Topology | None = None):
         self.policy, self.sched, self.g, self.model = policy, schedule, groups, model
         self.tuner = tuner
+        self.topo = topology or single_node(groups.layout.world_size)
+        self.links = LinkEstimates(self.topo)
         self.shape, self.device, self.rec = activation_shape, device, recorder
         self.stats = CommStats()
-        self.scheduler = CommScheduler(policy)
+        self.scheduler = CommScheduler(policy, self.topo.group_link(groups.layout.dp_group(groups.stage)))
         self.cond = threading.Condition()
         self.reapers = {op: _Reaper(f"trirace-send-{op.value}") for op in (Op.SF, Op.SB)} if not policy.blocking else {}
         self.chunk_works: dict[Chunk, dist.Work] = {}
@@ -132,13 +155,16 @@ class Comm:
         work = dist.isend(tensor, dst=dst, group=group)
         self.stats.add(self.sched.step_of(a.index), transfers=1)
         if not self.policy.blocking:
+            link = self.topo.link_between(self.g.rank, dst)
             with self.cond:
-                self.scheduler.p2p_started()
+                self.scheduler.p2p_started(link)
 
-            def finished(a=a, t0=t0, nbytes=tensor.numel() * tensor.element_size()):
-                self.rec.span("p2p send", str(a), t0, self.rec.now(), bytes=nbytes)
+            def finished(a=a, t0=t0, nbytes=tensor.numel() * tensor.element_size(), link=link):
+                t1 = self.rec.now()
+                self.rec.span("p2p send", str(a), t0, t1, bytes=nbytes)
+                self.links.observe(link, nbytes, t1 - t0, self.rec)
                 with self.cond:
-                    self.scheduler.p2p_finished()
+                    self.scheduler.p2p_finished(link)
                     self.cond.notify_all()
             self.reapers[a.op].add(work, tensor, finished)
         return work
@@ -172,13 +198,14 @@ class Comm:
     def _wait_recv(self, a: Action) -> torch.Tensor:
         work, t, posted_at = self.posted.pop(a)
         t0 = time.perf_counter()
+        link = self.topo.link_between(self.g.rank, self._peer(a.op)[0])
         if not self.policy.blocking:
             with self.cond:
-                self.scheduler.p2p_started()  # a stage is waiting on this link now
+                self.scheduler.p2p_started(link)  # a stage is waiting on this link now
         work.wait()
         if not self.policy.blocking:
             with self.cond:
-                self.scheduler.p2p_finished()
+                self.scheduler.p2p_finished(link)
                 self.cond.notify_all()
             self.stats.add(self.sched.step_of(a.index), kind=Kind.P2P.value, exposed_s=time.perf_counter() - t0)
             self._post_recvs()
@@ -259,7 +286,10 @@ class Comm:
         work = dist.all_reduce(flat[c.start:c.stop], group=self.g.dp, async_op=True)
 
         def finished(_fut, c=c, t0=t0):
-            self.rec.span("allreduce", c.name, t0, self.rec.now(), bytes=c.nbytes)
+            t1 = self.rec.now()
+            self.rec.span("allreduce", c.name, t0, t1, bytes=c.nbytes)
+            n = self.g.layout.dp
+            self.links.observe(self.scheduler.chunk_link, c.nbytes * 2 * (n - 1) / n, t1 - t0, self.rec)
             with self.cond:
                 self.scheduler.finished(c)
                 self.done_chunks.add(c)

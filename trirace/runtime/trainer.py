@@ -18,6 +18,7 @@ from ..errors import UsageError
 from ..models import layer_names, layer_param_counts
 from ..plan import Layout, balance, build_schedule, stage_ranges
 from ..comm import make_policy
+from ..comm.policies import sized_for_link
 from ..comm.autotune import Tuner
 from ..comm.policies import MiB
 from ..obs.timeline import Recorder, write_trace
@@ -25,6 +26,8 @@ from ..plan.schedule import defer_updates
 from .comm import Comm
 from .engine import BatchFn, Engine, StepRecord
 from .groups import Groups, make_groups
+from ..plan.topology import Topology, choose_rank_order
+from .probe import detect_topology, probe_links
 from .profile import profile_layers
 from .stage import StageModel
 
@@ -49,6 +52,18 @@ def plan_partition(cfg: TrainConfig, sampler: BatchSampler | None = None) -> lis
     return balance(profile_layers(cfg.spec, inputs, targets, cfg.seed), cfg.pp)
 
 
+def rank_order(cfg: TrainConfig, topo: Topology, sizes: list[int]) -> str:
+    """The placement: as configured, or whichever keeps the heavier traffic inside nodes."""
+    if cfg.rank_order != "auto":
+        return cfg.rank_order
+    act = cfg.micro_batch_size * cfg.tokens_seq * cfg.spec.d_model * 4
+    p2p = 2 * cfg.micro_batches * act  # a middle stage sends activations and gradients
+    counts = layer_param_counts(cfg.spec)
+    heaviest = max(sum(counts[r.start:r.stop]) for r in stage_ranges(sizes))
+    allreduce = 2 * (cfg.dp - 1) / cfg.dp * heaviest * 4
+    return choose_rank_order(topo, cfg.pp, cfg.dp, p2p, allreduce)
+
+
 def default_device() -> torch.device:
     if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -70,10 +85,16 @@ class Trainer:
                              f"{dist.get_world_size()} ranks")
         self.cfg = cfg
         self.device = device or default_device()
-        self.layout = Layout(cfg.pp, cfg.dp, cfg.rank_order)
         self.sampler = sampler_for(cfg)
         self.sizes = self._agree_on_partition()
+        self.topology = detect_topology(str(cfg.topology) if cfg.topology else None, cfg.world_size)
+        self.layout = Layout(cfg.pp, cfg.dp, rank_order(cfg, self.topology, self.sizes))
         self.groups: Groups = make_groups(self.layout, self.device)
+        if cfg.probe:
+            self.topology = probe_links(self.topology, self.device)
+        if dist.get_rank() == 0 and cfg.progress:
+            print(f"{self.topology.describe()}{' (probed)' if cfg.probe else ''}; rank order {self.layout.order}; "
+                  f"stages {self.sizes}", file=sys.stderr, flush=True)
         layers = stage_ranges(self.sizes)[self.groups.stage]
         self.schedule = build_schedule(cfg.schedule, cfg.pp, cfg.micro_batches, cfg.steps)
         self.model = StageModel(cfg.spec, layers, cfg.seed, n_versions=self.schedule.staleness + 1,
@@ -90,11 +111,14 @@ class Trainer:
     def run(self) -> list[dict] | None:
         cfg, g = self.cfg, self.groups
         policy = make_policy(cfg.comm_policy, cfg.partition_mb, cfg.credit_mb)
+        if cfg.comm_policy == "trirace" and cfg.partition_mb is None and cfg.credit_mb is None:
+            link = self.topology.link(self.topology.group_link(self.layout.dp_group(g.stage)))
+            policy = sized_for_link(policy, link.bytes_per_s)
         schedule = defer_updates(self.schedule) if policy.defer_updates else self.schedule
         rec = Recorder(g.rank, enabled=cfg.trace_out is not None)
         shape = (cfg.micro_batch_size, cfg.tokens_seq, cfg.spec.d_model)
         tuner = Tuner(policy, lag=_StepMetrics.LAG) if cfg.autotune else None
-        comm = Comm(policy, schedule, g, self.model, shape, self.device, rec, tuner)
+        comm = Comm(policy, schedule, g, self.model, shape, self.device, rec, tuner, self.topology)
         report = _Reporter(cfg, self.sizes) if g.is_reporter else None
         metrics = _StepMetrics(cfg, g, comm, report)
         engine = Engine(schedule, self.model, g, comm, batch_fn(cfg, self.sampler), self.device, rec,

@@ -1,0 +1,156 @@
+"""Where ranks live and what connects them: nodes, ranks per node, and two link classes.
+
+Ranks fill nodes in order (rank // ranks_per_node), as torchrun numbers them. A transfer
+between ranks of one node uses the intra-node link; anything else uses each node's
+inter-node uplink/downlink, which all of that node's cross-node traffic shares. That is
+the contention the topology-aware policy avoids.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ..errors import UsageError
+from .layout import Layout
+
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_rate(text: str | float | int) -> float:
+    """'250mbit' / '1gbit' / '25GB/s' / 3.1e9 -> bits per second."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(bit|bps|b/s|B/s|Bps|)\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise UsageError(f"not a rate: {text!r} (e.g. 250mbit, 1gbit, 25GB/s)")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    return value * 8 if m.group(3) in ("B/s", "Bps") else value
+
+
+def parse_time(text: str | float | int) -> float:
+    """'5us' / '2ms' / 0.001 -> seconds."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|ms|us|ns)\s*", str(text))
+    if not m:
+        raise UsageError(f"not a time: {text!r} (e.g. 5us, 2ms)")
+    return float(m.group(1)) * {"s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[m.group(2)]
+
+
+@dataclass(frozen=True)
+class Link:
+    bits_per_s: float
+    latency_s: float
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bits_per_s / 8
+
+    def time(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bytes_per_s
+
+    def __str__(self) -> str:
+        return f"{self.bits_per_s / 1e9:.3g} Gbit/s, {self.latency_s * 1e6:.3g} us"
+
+
+INTRA, INTER = "intra", "inter"
+
+
+@dataclass(frozen=True)
+class Topology:
+    nodes: int
+    ranks_per_node: int
+    intra: Link
+    inter: Link
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.ranks_per_node
+
+    def link_between(self, a: int, b: int) -> str:
+        return INTRA if self.node_of(a) == self.node_of(b) else INTER
+
+    def group_link(self, ranks: list[int]) -> str:
+        """The slowest link class a collective over `ranks` crosses."""
+        return INTRA if len({self.node_of(r) for r in ranks}) <= 1 else INTER
+
+    def link(self, cls: str) -> Link:
+        return self.intra if cls == INTRA else self.inter
+
+    def describe(self) -> str:
+        return (f"topology: {self.nodes} node(s) x {self.ranks_per_node} rank(s); "
+                f"intra-node {self.intra}; inter-node {self.inter}")
+
+    def check(self, world_size: int) -> None:
+        if self.world_size != world_size:
+            raise UsageError(f"topology has {self.nodes} x {self.ranks_per_node} = {self.world_size} ranks "
+                             f"but the job has {world_size}")
+
+
+# Defaults when nothing is measured or given: a shared-memory node and a 25 GbE fabric.
+DEFAULT_INTRA = Link(parse_rate("100gbit"), 2e-6)
+DEFAULT_INTER = Link(parse_rate("25gbit"), 10e-6)
+
+
+def single_node(world_size: int) -> Topology:
+    return Topology(1, world_size, DEFAULT_INTRA, DEFAULT_INTER)
+
+
+def load_topology(path: str | Path) -> Topology:
+    """YAML: nodes, ranks_per_node, and optional intra/inter {bandwidth, latency}."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"topology file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise UsageError(f"malformed YAML in topology file {p}: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"topology file {p}: expected a mapping")
+    try:
+        return topology_from_dict(data)
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"topology file {p}: {e}") from None
+
+
+def topology_from_dict(data: dict) -> Topology:
+    unknown = set(data) - {"nodes", "ranks_per_node", "intra", "inter"}
+    if unknown:
+        raise ValueError(f"unknown key {sorted(unknown)[0]!r}")
+    nodes, rpn = int(data["nodes"]), int(data["ranks_per_node"])
+    if nodes < 1 or rpn < 1:
+        raise ValueError("nodes and ranks_per_node must be at least 1")
+
+    def link(key: str, default: Link) -> Link:
+        spec = data.get(key) or {}
+        if not isinstance(spec, dict) or set(spec) - {"bandwidth", "latency"}:
+            raise ValueError(f"{key}: expected {{bandwidth, latency}}")
+        bw = parse_rate(spec["bandwidth"]) if "bandwidth" in spec else default.bits_per_s
+        lat = parse_time(spec["latency"]) if "latency" in spec else default.latency_s
+        if bw <= 0 or lat < 0:
+            raise ValueError(f"{key}: bandwidth must be positive and latency non-negative")
+        return Link(bw, lat)
+
+    return Topology(nodes, rpn, link("intra", DEFAULT_INTRA), link("inter", DEFAULT_INTER))
+
+
+def choose_rank_order(topo: Topology, pp: int, dp: int, p2p_bytes: float, allreduce_bytes: float) -> str:
+    """Keep the heavier traffic inside nodes: "dp-inner" puts a stage's replicas on one node,
+    "pp-inner" puts a pipeline's stages on one node. `p2p_bytes` / `allreduce_bytes` are
+    what one rank sends per step of each kind."""
+    if topo.nodes == 1:
+        return "dp-inner"
+    cost = {}
+    for order in ("dp-inner", "pp-inner"):
+        layout = Layout(pp, dp, order)
+        p2p_cross = any(topo.link_between(a, b) == INTER for a, b in layout.p2p_pairs())
+        ar_cross = any(topo.group_link(layout.dp_group(s)) == INTER for s in range(pp)) and dp > 1
+        cost[order] = p2p_cross * p2p_bytes + ar_cross * allreduce_bytes
+    return min(cost, key=lambda o: (cost[o], o != "dp-inner"))
