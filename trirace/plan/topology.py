@@ -154,3 +154,20 @@ def choose_rank_order(topo: Topology, pp: int, dp: int, p2p_bytes: float, allred
         ar_cross = any(topo.group_link(layout.dp_group(s)) == INTER for s in range(pp)) and dp > 1
         cost[order] = p2p_cross * p2p_bytes + ar_cross * allreduce_bytes
     return min(cost, key=lambda o: (cost[o], o != "dp-inner"))
+
+
+def hierarchical_pays(topo: Topology, ranks: list[int], nbytes: float) -> bool:
+    """Does reduce-in-node, all-reduce across nodes, broadcast-in-node beat one flat ring
+    for a collective over `ranks`? Only when the group spans nodes and shares some node;
+    then compare the alpha-beta times of both (the inter-node uplink is the bottleneck)."""
+    per_node: dict[int, int] = {}
+    for r in ranks:
+        per_node[topo.node_of(r)] = per_node.get(topo.node_of(r), 0) + 1
+    n, k, local = len(ranks), len(per_node), max(per_node.values())
+    if k < 2 or local < 2:
+        return False
+    flat = 2 * (n - 1) * topo.inter.latency_s + 2 * (n - 1) / n * nbytes / topo.inter.bytes_per_s
+    inner = 2 * (local - 1) * topo.intra.latency_s + 2 * (local - 1) / local * nbytes / topo.intra.bytes_per_s
+    across = 2 * (k - 1) * topo.inter.latency_s + 2 * (k - 1) / k * nbytes / topo.inter.bytes_per_s
+    bcast = topo.intra.latency_s + nbytes / topo.intra.bytes_per_s
+    return inner + across + bcast < flat

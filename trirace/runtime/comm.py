@@ -25,6 +25,7 @@ from ..plan import Action, Op, Schedule
 from ..plan.topology import Topology, single_node
 from ..plan.transfers import Chunk, Kind, plan_reduction
 from .groups import Groups
+from .hierarchical import Hierarchy
 from .stage import StageModel
 
 
@@ -56,6 +57,18 @@ class _Reaper(threading.Thread):
         self.join()
         if self.error is not None:
             raise RuntimeError(f"{self.name}: a send failed") from self.error
+
+
+class _Done:
+    """The Work of a collective already completed on the launcher thread."""
+
+    def wait(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(None)
+        return fut
 
 
 class LinkEstimates:
@@ -105,11 +118,13 @@ class CommStats:
 class Comm:
     def __init__(self, policy: Policy, schedule: Schedule, groups: Groups, model: StageModel,
                  activation_shape: tuple[int, ...], device: torch.device, recorder: Recorder,
-                 tuner: Tuner | None = None, topology: Topology | None = None):
+                 tuner: Tuner | None = None, topology: Topology | None = None,
+                 hierarchy: Hierarchy | None = None):
         self.policy, self.sched, self.g, self.model = policy, schedule, groups, model
         self.tuner = tuner
         self.topo = topology or single_node(groups.layout.world_size)
         self.links = LinkEstimates(self.topo)
+        self.hierarchy = hierarchy  # set when the policy and topology call for it
         self.shape, self.device, self.rec = activation_shape, device, recorder
         self.stats = CommStats()
         self.scheduler = CommScheduler(policy, self.topo.group_link(groups.layout.dp_group(groups.stage)))
@@ -283,7 +298,11 @@ class Comm:
     def _launch_chunk(self, c: Chunk) -> None:
         flat = self.model.flat_grad(self.sched.version_of_step(c.step))
         t0 = self.rec.now()
-        work = dist.all_reduce(flat[c.start:c.stop], group=self.g.dp, async_op=True)
+        if self.hierarchy is not None:  # three dependent phases: run them here, in order
+            self.hierarchy.all_reduce(flat[c.start:c.stop])
+            work = _Done()
+        else:
+            work = dist.all_reduce(flat[c.start:c.stop], group=self.g.dp, async_op=True)
 
         def finished(_fut, c=c, t0=t0):
             t1 = self.rec.now()

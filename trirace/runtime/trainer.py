@@ -26,7 +26,8 @@ from ..plan.schedule import defer_updates
 from .comm import Comm
 from .engine import BatchFn, Engine, StepRecord
 from .groups import Groups, make_groups
-from ..plan.topology import Topology, choose_rank_order
+from ..plan.topology import Topology, choose_rank_order, hierarchical_pays
+from .hierarchical import Hierarchy, make_hierarchies
 from .probe import detect_topology, probe_links
 from .profile import profile_layers
 from .stage import StageModel
@@ -92,13 +93,28 @@ class Trainer:
         self.groups: Groups = make_groups(self.layout, self.device)
         if cfg.probe:
             self.topology = probe_links(self.topology, self.device)
+        self.hierarchy = self._hierarchy()
         if dist.get_rank() == 0 and cfg.progress:
             print(f"{self.topology.describe()}{' (probed)' if cfg.probe else ''}; rank order {self.layout.order}; "
-                  f"stages {self.sizes}", file=sys.stderr, flush=True)
+                  f"stages {self.sizes}; hierarchical all-reduce {'on' if self.hierarchy else 'off'} here",
+                  file=sys.stderr, flush=True)
         layers = stage_ranges(self.sizes)[self.groups.stage]
         self.schedule = build_schedule(cfg.schedule, cfg.pp, cfg.micro_batches, cfg.steps)
         self.model = StageModel(cfg.spec, layers, cfg.seed, n_versions=self.schedule.staleness + 1,
                                 optimizer=cfg.optimizer, lr=cfg.learning_rate, device=self.device)
+
+    def _hierarchy(self) -> Hierarchy | None:
+        """Sub-groups for a hierarchical all-reduce of my stage, where the (agreed) topology
+        says it is faster than a flat ring; created collectively, in the same order everywhere."""
+        counts = layer_param_counts(self.cfg.spec)
+        dp_groups = [self.layout.dp_group(s) for s in range(self.cfg.pp)]
+        nbytes = [4 * sum(counts[r.start:r.stop]) for r in stage_ranges(self.sizes)]
+        wanted = [i for i, ranks in enumerate(dp_groups) if hierarchical_pays(self.topology, ranks, nbytes[i])]
+        if not wanted:
+            return None
+        mine = make_hierarchies([dp_groups[i] for i in wanted], self.topology, dist.get_rank())
+        stage_of = dict(enumerate(wanted))
+        return next((h for gi, h in mine.items() if stage_of[gi] == self.groups.stage), None)
 
     def _agree_on_partition(self) -> list[int]:
         """Measured times differ between ranks, so rank 0 decides and everyone follows."""
@@ -118,7 +134,8 @@ class Trainer:
         rec = Recorder(g.rank, enabled=cfg.trace_out is not None)
         shape = (cfg.micro_batch_size, cfg.tokens_seq, cfg.spec.d_model)
         tuner = Tuner(policy, lag=_StepMetrics.LAG) if cfg.autotune else None
-        comm = Comm(policy, schedule, g, self.model, shape, self.device, rec, tuner, self.topology)
+        comm = Comm(policy, schedule, g, self.model, shape, self.device, rec, tuner, self.topology,
+                    self.hierarchy if cfg.comm_policy == "trirace" else None)
         report = _Reporter(cfg, self.sizes) if g.is_reporter else None
         metrics = _StepMetrics(cfg, g, comm, report)
         engine = Engine(schedule, self.model, g, comm, batch_fn(cfg, self.sampler), self.device, rec,
@@ -180,6 +197,7 @@ class _StepMetrics:
         for k in ("exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s"):
             row[k] = v[k] / world  # mean per rank
         row["transfers"] = int(v["transfers"])
+        row["hierarchical_allreduce"] = self.comm.hierarchy is not None
         p = self.comm.policy_for(step)
         row["partition_mb"] = p.partition_bytes / MiB if p.partition_bytes else None
         row["credit_mb"] = p.credit_bytes / MiB if p.credit_bytes else None

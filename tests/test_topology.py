@@ -1,0 +1,114 @@
+"""Topology model, placement, link-aware hold-back, and the hierarchical all-reduce."""
+
+import pytest
+
+from trirace.comm import CommScheduler, make_policy
+from trirace.comm.policies import MiB
+from trirace.config import make_config
+from trirace.errors import UsageError
+from trirace.plan.topology import (INTER, INTRA, Link, Topology, choose_rank_order, hierarchical_pays,
+                                   load_topology, parse_rate, parse_time)
+from trirace.plan.transfers import plan_reduction
+from trirace.runtime import run_local
+
+
+def test_parse_rates_and_times():
+    assert parse_rate("250mbit") == 250e6
+    assert parse_rate("1gbit") == 1e9
+    assert parse_rate("25GB/s") == 200e9
+    assert parse_rate(3e9) == 3e9
+    assert parse_time("5us") == pytest.approx(5e-6)
+    assert parse_time("2ms") == pytest.approx(2e-3)
+    for junk in ("fast", "10 parsecs", ""):
+        with pytest.raises(UsageError):
+            parse_rate(junk)
+
+
+def test_load_topology(tmp_path):
+    f = tmp_path / "t.yaml"
+    f.write_text("nodes: 4\nranks_per_node: 8\nintra: {bandwidth: 300GB/s, latency: 2us}\n"
+                 "inter: {bandwidth: 200gbit, latency: 5us}\n")
+    t = load_topology(f)
+    assert (t.nodes, t.ranks_per_node, t.world_size) == (4, 8, 32)
+    assert t.intra.bytes_per_s == 300e9 and t.inter.bits_per_s == 200e9
+    assert t.node_of(7) == 0 and t.node_of(8) == 1
+    assert t.link_between(0, 7) == INTRA and t.link_between(7, 8) == INTER
+    assert t.group_link([0, 1, 2]) == INTRA and t.group_link([0, 9]) == INTER
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("nodes: 2\n", "ranks_per_node"),
+    ("nodes: 0\nranks_per_node: 2\n", "at least 1"),
+    ("nodes: 2\nranks_per_node: 2\nwarp: 9\n", "unknown key"),
+    ("nodes: 2\nranks_per_node: 2\ninter: {bandwidth: lots}\n", "not a rate"),
+    ("nodes: [2\n", "malformed YAML"),
+    ("- 1\n", "expected a mapping"),
+])
+def test_bad_topology_files(tmp_path, text, needle):
+    f = tmp_path / "t.yaml"
+    f.write_text(text)
+    with pytest.raises(UsageError, match=needle):
+        load_topology(f)
+
+
+FAST, SLOW = Link(100e9, 2e-6), Link(250e6, 1e-4)
+
+
+def test_placement_keeps_heavier_traffic_inside_nodes():
+    t = Topology(2, 2, FAST, SLOW)
+    # pp=2 x dp=2 on 2 nodes x 2: one kind must cross nodes; the heavier one stays inside.
+    assert choose_rank_order(t, 2, 2, p2p_bytes=4e6, allreduce_bytes=29e6) == "dp-inner"
+    assert choose_rank_order(t, 2, 2, p2p_bytes=40e6, allreduce_bytes=2e6) == "pp-inner"
+    # One node: nothing crosses, keep the default.
+    assert choose_rank_order(Topology(1, 4, FAST, SLOW), 2, 2, 40e6, 2e6) == "dp-inner"
+    # 4 nodes x 1: both cross whatever the order.
+    assert choose_rank_order(Topology(4, 1, FAST, SLOW), 2, 2, 4e6, 29e6) == "dp-inner"
+
+
+def test_hierarchical_pays_only_when_the_group_spans_and_shares_nodes():
+    t = Topology(2, 2, FAST, SLOW)
+    assert hierarchical_pays(t, [0, 1, 2, 3], 30e6)
+    assert not hierarchical_pays(t, [0, 2], 30e6)  # one member per node: nothing to gain
+    assert not hierarchical_pays(t, [0, 1], 30e6)  # inside one node
+    assert not hierarchical_pays(Topology(2, 2, SLOW, SLOW), [0, 1, 2, 3], 30e6)  # no faster inner link
+
+
+def test_p2p_on_another_link_does_not_hold_chunks_back():
+    """Hold-back is per link: an intra-node P2P does not delay chunks crossing nodes."""
+    policy = make_policy("trirace", partition_mb=2, credit_mb=4)
+    s = CommScheduler(policy, chunk_link=INTER)
+    cs = plan_reduction(0, [MiB] * 4, MiB // 2, policy.chunk_order)
+    s.enqueue(cs)
+    for c in cs:
+        s.ready(c)
+    s.p2p_started(INTRA)
+    assert [c.name for c in s.launches()] == ["AR0.0", "AR0.1"]
+    s.p2p_started(INTER)
+    s.finished(cs[0])
+    assert s.launches() == []  # now a P2P shares the chunks' link
+    s.p2p_finished(INTER)
+    assert [c.name for c in s.launches()] == ["AR0.2"]
+
+
+def test_hierarchical_allreduce_matches_flat(tmp_path):
+    """pp=1 x dp=4 on 2 nodes x 2 ranks: trirace reduces hierarchically, blocking flat; the
+    training math agrees (sums in another order: a float tolerance, not bitwise)."""
+    topo = tmp_path / "topo.yaml"
+    topo.write_text("nodes: 2\nranks_per_node: 2\nintra: {bandwidth: 100gbit, latency: 2us}\n"
+                    "inter: {bandwidth: 250mbit, latency: 100us}\n")
+    base = dict(model="gpt-test", data="synthetic", pp=1, dp=4, steps=4, micro_batches=2, micro_batch_size=1,
+                seq_len=16, progress=False, balance="params", topology=topo, probe=False)
+    res = run_local([make_config(base, comm_policy=p) for p in ("trirace", "blocking")], timeout_s=240)
+    tri, blk = res
+    assert all(r["hierarchical_allreduce"] for r in tri) and not any(r["hierarchical_allreduce"] for r in blk)
+    for a, b in zip(tri, blk):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+
+
+def test_topology_must_match_the_job(tmp_path):
+    topo = tmp_path / "topo.yaml"
+    topo.write_text("nodes: 3\nranks_per_node: 2\n")
+    cfg = make_config(dict(model="gpt-test", data="synthetic", steps=1, progress=False, topology=topo))
+    from trirace.runtime import WorkerFailed
+    with pytest.raises(WorkerFailed):
+        run_local([cfg], timeout_s=120)
