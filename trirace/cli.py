@@ -45,17 +45,35 @@ def _add_config_flags(p: argparse.ArgumentParser, model: type[TrainConfig]) -> N
         p.add_argument(flag, **kw)
 
 
+SYSTEMS = ("blocking", "fifo", "priority", "trirace", "torch-1f1b")
+
+
+def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, default=4, help="emulated nodes (default: 4)")
+    p.add_argument("--ranks-per-node", type=int, default=1, help="ranks per node (default: 1)")
+    p.add_argument("--link", default="250mbit", help="each node's link rate, or 'none' for plain loopback "
+                   "(default: 250mbit, where communication is comparable to computation here)")
+    p.add_argument("--mtu", type=int, default=9000, help="MTU of the emulated links (default: 9000)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trirace", description="Hybrid pipeline x data parallel training with "
                      "multidimensional communication scheduling.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     train = sub.add_parser("train", help="train a model (spawns pp x dp local processes, or runs under torchrun)")
     _add_config_flags(train, TrainConfig)
-    bench = sub.add_parser("bench", help="run the communication policies side by side and compare them")
+    bench = sub.add_parser("bench", help="every communication policy and the torch.distributed.pipelining peer, "
+                           "side by side on an emulated cluster")
     _add_config_flags(bench, TrainConfig)
-    bench.add_argument("--rounds", type=int, default=2, help="interleaved rounds per policy (default: 2)")
-    bench.add_argument("--policies", default="blocking,fifo,priority,trirace", help="comma-separated policies")
-    bench.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    _add_cluster_flags(bench)
+    bench.add_argument("--rounds", type=int, default=2, help="interleaved rounds per system (default: 2)")
+    bench.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated (default: {','.join(SYSTEMS)})")
+    bench.add_argument("--out", default="bench-out", metavar="DIR", help="bench.json, bench.md, bench.png (default: bench-out)")
+    bench.add_argument("--json", metavar="FILE", help="also write the JSON here")
+    testbed = sub.add_parser("testbed", help="build or remove an emulated multi-node cluster (root)")
+    tsub = testbed.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
+    _add_cluster_flags(tsub.add_parser("up", help="namespaces, veth pairs to a bridge, tbf-shaped links"))
+    tsub.add_parser("down", help="remove every namespace the testbed made")
     return parser
 
 
@@ -73,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "testbed":
+            return _testbed(args)
     except UsageError as e:
         print(f"trirace: error: {e}", file=sys.stderr)
         return 2
@@ -101,25 +121,47 @@ def _train(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     import json
+    from pathlib import Path
 
-    from .bench import policies as bench
-    from .comm import POLICIES
+    from .bench import side_by_side as bench
 
-    chosen = tuple(p.strip() for p in args.policies.split(","))
-    if bad := [p for p in chosen if p not in POLICIES]:
-        raise UsageError(f"unknown policy {bad[0]!r}; choose from {', '.join(POLICIES)}")
+    systems = tuple(x.strip() for x in args.systems.split(","))
+    if bad := [x for x in systems if x not in SYSTEMS]:
+        raise UsageError(f"unknown system {bad[0]!r}; choose from {', '.join(SYSTEMS)}")
     if args.rounds < 1:
         raise UsageError("--rounds must be at least 1")
+    cluster = bench.Cluster(args.nodes, args.ranks_per_node, None if args.link == "none" else args.link, args.mtu)
     cfg = _config(args, steps=8)
-    print(f"bench: {cfg.model} {cfg.schedule} pp={cfg.pp} dp={cfg.dp} m={cfg.micro_batches} "
-          f"{cfg.tokens_per_step} tokens/step, {args.rounds} rounds x {cfg.steps} steps per policy, loopback",
-          flush=True)
-    results = bench.run(cfg, chosen, args.rounds)
-    print(bench.table(results))
+    print(f"bench: {cfg.model} {cfg.schedule} pp={cfg.pp} dp={cfg.dp} m={cfg.micro_batches}, "
+          f"{cfg.tokens_per_step} tokens/step; {cluster.describe()}; {args.rounds} round(s) x {cfg.steps} steps "
+          f"per system: {', '.join(systems)}", file=sys.stderr, flush=True)
+    payload = bench.run(cfg, cluster, systems, args.rounds)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(payload, indent=2)
+    (out / "bench.json").write_text(text)
     if args.json:
-        payload = {"config": cfg.model_dump(mode="json"), "results": [r.__dict__ for r in results]}
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2)
+        Path(args.json).write_text(text)
+    table = bench.markdown(payload)
+    (out / "bench.md").write_text(table + "\n")
+    bench.chart(payload, out / "bench.png")
+    print(table)
+    print(f"wrote {out}/bench.json, bench.md, bench.png", file=sys.stderr)
+    return 0
+
+
+def _testbed(args: argparse.Namespace) -> int:
+    from . import testbed
+
+    if args.action == "up":
+        link = None if args.link == "none" else args.link
+        if link is None:
+            raise UsageError("testbed up needs a link rate, e.g. --link 250mbit")
+        tb = testbed.up(args.nodes, args.ranks_per_node, link, mtu=args.mtu)
+        print(f"testbed up: {tb.nodes} node(s) x {tb.ranks_per_node} rank(s), {tb.rate} links, MTU {tb.mtu}; "
+              f"namespaces {', '.join(tb.namespace(i) for i in range(tb.nodes))}")
+    else:
+        print(f"testbed down: removed {testbed.down()} namespace(s)")
     return 0
 
 

@@ -30,7 +30,8 @@ class StepRecord:
     step: int
     losses: list[float] = field(default_factory=list)  # this replica's micro-batch losses (last stage)
     end_time: float = 0.0
-    compute_s: float = 0.0
+    compute_s: float = 0.0  # wall time in compute actions
+    compute_cpu_s: float = 0.0  # CPU time of the engine thread in them (shared cores inflate wall time)
 
 
 class Engine:
@@ -110,13 +111,14 @@ class Engine:
             if a.op is Op.AR:
                 self.comm.reduce(a.index)
                 continue
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             compute[a.op](a.index)
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.thread_time()
             self.rec.span("compute", str(a), t0, t1)
             step = a.index if a.op is Op.OPT else self.sched.step_of(a.index)
             rec = self._record(step)
             rec.compute_s += t1 - t0
+            rec.compute_cpu_s += c1 - c0
             if a.op is Op.OPT:
                 rec.end_time = t1
                 if self.on_step:

@@ -137,7 +137,7 @@ class Trainer:
         comm = Comm(policy, schedule, g, self.model, shape, self.device, rec, tuner, self.topology,
                     self.hierarchy if cfg.comm_policy == "trirace" else None)
         report = _Reporter(cfg, self.sizes) if g.is_reporter else None
-        metrics = _StepMetrics(cfg, g, comm, report)
+        metrics = _StepMetrics(cfg, g, comm, report, self.sizes)
         engine = Engine(schedule, self.model, g, comm, batch_fn(cfg, self.sampler), self.device, rec,
                         on_step=metrics.step,
                         delay_s=cfg.straggler[1] if cfg.straggler and cfg.straggler[0] == g.rank else 0.0)
@@ -162,8 +162,8 @@ class _StepMetrics:
               "comm_cpu_s", "step_time_s")
     LAG = 2
 
-    def __init__(self, cfg: TrainConfig, g: Groups, comm: Comm, report: "_Reporter | None"):
-        self.cfg, self.g, self.comm, self.report = cfg, g, comm, report
+    def __init__(self, cfg: TrainConfig, g: Groups, comm: Comm, report: "_Reporter | None", sizes: list[int]):
+        self.cfg, self.g, self.comm, self.report, self.sizes = cfg, g, comm, report, sizes
         self.pending: list[tuple[int, float, torch.Tensor, dist.Work]] = []
         self.last_end: float | None = None
 
@@ -172,9 +172,11 @@ class _StepMetrics:
         loss = sum(rec.losses) / len(rec.losses) if rec.losses else 0.0
         window = rec.end_time - (self.last_end if self.last_end is not None else rec.end_time)
         self.last_end = rec.end_time
-        vec = torch.tensor([loss, exposed.get("p2p", 0.0), exposed.get("allreduce", 0.0),
-                            exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s, window],
-                           dtype=torch.float64)
+        vec = torch.zeros(len(self.FIELDS) + self.cfg.world_size, dtype=torch.float64)
+        vec[:len(self.FIELDS)] = torch.tensor([loss, exposed.get("p2p", 0.0), exposed.get("allreduce", 0.0),
+                                               exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s,
+                                               window], dtype=torch.float64)
+        vec[len(self.FIELDS) + self.g.rank] = rec.compute_cpu_s  # a slot per rank: a sum that gathers
         work = dist.all_reduce(vec, group=self.g.world, async_op=True)
         self.pending.append((rec.step, rec.end_time, vec, work))
         while len(self.pending) > self.LAG:
@@ -188,6 +190,7 @@ class _StepMetrics:
         work.wait()
         world = self.cfg.world_size
         v = dict(zip(self.FIELDS, vec.tolist()))
+        per_rank = vec[len(self.FIELDS):].tolist()
         if self.comm.tuner:  # the same numbers on every rank: the same decision everywhere
             self.comm.tuner.observe(step, v["step_time_s"] / world)
         if self.report is None:
@@ -196,6 +199,9 @@ class _StepMetrics:
                "comm_policy": self.cfg.comm_policy}
         for k in ("exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s"):
             row[k] = v[k] / world  # mean per rank
+        row["rank_compute_cpu_s"] = per_rank
+        row["partition"] = self.sizes
+        row["rank_order"] = self.g.layout.order
         row["transfers"] = int(v["transfers"])
         row["hierarchical_allreduce"] = self.comm.hierarchy is not None
         p = self.comm.policy_for(step)

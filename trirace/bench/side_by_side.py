@@ -1,0 +1,178 @@
+"""Every system on the same model, data, seed, stages, testbed and process environment, in
+one run: the four trirace policies and torch.distributed.pipelining's Schedule1F1B.
+
+Systems run in interleaved rounds (A B C D E A B C D E) so that drift of a shared machine
+hits them alike; each run's first steps are warm-up and are dropped; reported figures are
+medians of the kept steps. The lower bound is the batch's physical limit (plan/bounds.py),
+the same for every system, so overlap efficiency compares them on one scale.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..config import TrainConfig
+from ..errors import UsageError
+from ..models import layer_param_counts
+from ..plan import Layout, stage_ranges
+from ..plan.bounds import Bound, link_bytes, lower_bound
+from ..plan.topology import DEFAULT_INTRA, Link, Topology, parse_rate
+from ..runtime import run_local
+from ..runtime.launch import prepare
+from ..runtime.trainer import rank_order
+
+SYSTEMS = ("blocking", "fifo", "priority", "trirace", "torch-1f1b")
+WARMUP_STEPS = 2
+
+# Whatever one system gets, all get (design.md 4): glibc malloc churn otherwise costs
+# page faults per step. Set before the workers start, so every worker inherits them.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "17179869184",
+              "MALLOC_TOP_PAD_": "268435456"}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int = 4
+    ranks_per_node: int = 1
+    link: str | None = "250mbit"  # None: everything on this machine's loopback
+    mtu: int = 9000
+
+    def describe(self) -> str:
+        if self.link is None:
+            return "loopback (no testbed)"
+        return f"emulated {self.nodes} node(s) x {self.ranks_per_node} rank(s), {self.link} links, MTU {self.mtu}"
+
+
+@dataclass
+class Result:
+    system: str
+    tokens_per_s: float
+    step_time_s: float
+    lower_bound_s: float
+    overlap_efficiency: float
+    vs_blocking: float
+    exposed_p2p_s: float | None
+    exposed_allreduce_s: float | None
+    losses: list[float]
+
+
+@contextmanager
+def _testbed(cluster: Cluster):
+    """Yield (rank_command, rank_env, topology file) for the cluster; tear it down after."""
+    if cluster.link is None:
+        yield None, None, None
+        return
+    from .. import testbed
+
+    tb = testbed.up(cluster.nodes, cluster.ranks_per_node, cluster.link, mtu=cluster.mtu)
+    try:
+        with tempfile.TemporaryDirectory(prefix="trirace-bench-") as tmp:
+            topo = Path(tmp) / "topology.yaml"
+            topo.write_text(f"nodes: {cluster.nodes}\nranks_per_node: {cluster.ranks_per_node}\n"
+                            f"inter: {{bandwidth: {cluster.link}, latency: 100us}}\n")
+            yield tb.rank_command, tb.rank_env, topo
+    finally:
+        testbed.down()
+
+
+def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS, rounds: int = 2) -> dict:
+    if base.world_size != cluster.nodes * cluster.ranks_per_node and cluster.link is not None:
+        raise UsageError(f"pp x dp = {base.world_size} but the cluster has {cluster.nodes} x "
+                         f"{cluster.ranks_per_node} ranks")
+    if base.steps <= WARMUP_STEPS:
+        raise UsageError(f"bench needs more than {WARMUP_STEPS} steps per run")
+    os.environ.update(MALLOC_ENV)
+    with _testbed(cluster) as (rank_command, rank_env, topo_file):
+        nominal = _nominal_topology(cluster, base.world_size)
+        base = prepare(base.model_copy(update={"topology": topo_file, "progress": False, "metrics_out": None,
+                                               "trace_out": None}))
+        base = base.model_copy(update={"rank_order": rank_order(base, nominal, base.partition)})
+        cfgs, names = [], []
+        for _ in range(rounds):
+            for sysname in systems:
+                peer = sysname == "torch-1f1b"
+                cfgs.append(base.model_copy(update={"comm_policy": "blocking" if peer else sysname,
+                                                    "schedule": "1f1b" if peer else base.schedule}))
+                names.append(sysname)
+        runs = run_local(cfgs, systems=["torch-1f1b" if n == "torch-1f1b" else "trirace" for n in names],
+                         rank_command=rank_command, rank_env=rank_env)
+    rows: dict[str, list[dict]] = {s: [] for s in systems}
+    losses: dict[str, list[float]] = {}
+    for name, res in zip(names, runs):
+        rows[name] += res[WARMUP_STEPS:]
+        losses.setdefault(name, [r["loss"] for r in res])
+    bound = _bound(base, nominal, rows.get("blocking") or next(iter(rows.values())))
+    step = {s: statistics.median(r["step_time_s"] for r in rows[s]) for s in systems}
+    ref = step.get("blocking", next(iter(step.values())))
+    results = []
+    for s in systems:
+        med = lambda k: statistics.median(r[k] for r in rows[s]) if k in rows[s][0] else None  # noqa: E731
+        results.append(Result(s, base.tokens_per_step / step[s], step[s], bound.seconds, bound.seconds / step[s],
+                              ref / step[s], med("exposed_p2p_s"), med("exposed_allreduce_s"), losses[s]))
+    return {"config": {**base.model_dump(mode="json", exclude={"topology"}), "cluster": asdict(cluster),
+                       "rounds": rounds, "warmup_steps": WARMUP_STEPS,
+                       "lower_bound": {**asdict(bound), "binding": bound.binding}},
+            "results": [asdict(r) for r in results]}
+
+
+def _nominal_topology(cluster: Cluster, world: int) -> Topology:
+    if cluster.link is None:
+        return Topology(1, world, DEFAULT_INTRA, DEFAULT_INTRA)
+    return Topology(cluster.nodes, cluster.ranks_per_node, DEFAULT_INTRA, Link(parse_rate(cluster.link), 1e-4))
+
+
+def _bound(cfg: TrainConfig, topo: Topology, rows: list[dict]) -> Bound:
+    """From the blocking run's per-rank compute CPU time (no overlap inflates it) and the
+    bytes every link must carry under the run's layout."""
+    world = cfg.world_size
+    per_rank = [statistics.median(r["rank_compute_cpu_s"][i] for r in rows) for i in range(world)]
+    counts = layer_param_counts(cfg.spec)
+    grads = [4 * sum(counts[r.start:r.stop]) for r in stage_ranges(cfg.partition)]
+    act = 4 * cfg.micro_batch_size * cfg.tokens_seq * cfg.spec.d_model
+    load = link_bytes(Layout(cfg.pp, cfg.dp, cfg.rank_order), topo, cfg.micro_batches, act, grads)
+    return lower_bound(per_rank, os.cpu_count() or 1, load, topo)
+
+
+def markdown(payload: dict) -> str:
+    head = ("| system | tokens/s | step (s) | lower bound (s) | overlap efficiency | vs blocking "
+            "| exposed P2P (s) | exposed AllReduce (s) |")
+    lines = [head, "|" + "---|" * 8]
+    fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    for r in payload["results"]:
+        lines.append(f"| {r['system']} | {r['tokens_per_s']:.0f} | {r['step_time_s']:.3f} | "
+                     f"{r['lower_bound_s']:.3f} | {r['overlap_efficiency']:.2f} | {r['vs_blocking']:.2f}x | "
+                     f"{fmt(r['exposed_p2p_s'])} | {fmt(r['exposed_allreduce_s'])} |")
+    return "\n".join(lines)
+
+
+def chart(payload: dict, path: Path) -> None:
+    """A bar chart of tokens/s per system, with the lower bound's tokens/s as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = payload["results"]
+    cfg = payload["config"]
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
+    names = [r["system"] for r in res]
+    bars = ax.bar(names, [r["tokens_per_s"] for r in res],
+                  color=["#9aa5b1" if n != "trirace" else "#d1495b" for n in names])
+    for b, r in zip(bars, res):
+        ax.annotate(f"{r['vs_blocking']:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center", va="bottom", fontsize=9)
+    tokens = res[0]["tokens_per_s"] * res[0]["step_time_s"]
+    ax.axhline(tokens / res[0]["lower_bound_s"], color="#2e4057", ls="--", lw=1, label="lower bound")
+    c = cfg["cluster"]
+    where = "loopback" if c["link"] is None else f"{c['nodes']}x{c['ranks_per_node']} @ {c['link']}"
+    ax.set_title(f"{cfg['model']} {cfg['schedule']} pp={cfg['pp']} dp={cfg['dp']}, {where}", fontsize=10)
+    ax.set_ylabel("tokens/s")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
