@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError, UsageError
+from .yamlfile import read_mapping
 from .models import PRESETS, ModelSpec, layer_names
 from .plan.partition import check_sizes
 
@@ -117,25 +117,16 @@ class TrainConfig(BaseModel):
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"malformed YAML in {p}{where}: {getattr(e, 'problem', e)}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: expected a mapping of keys to values, got {type(data).__name__}")
+    data = read_mapping(path, "config file")
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
 def make_config(overrides: dict[str, Any] | None = None, config_file: str | Path | None = None, **kw) -> TrainConfig:
     """Defaults < YAML file < overrides (e.g. flags). Raises ConfigError with one line."""
-    values = load_yaml(config_file) if config_file else {}
+    try:
+        values = load_yaml(config_file) if config_file else {}
+    except UsageError as e:
+        raise ConfigError(str(e)) from None
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
     values.update(kw)
     try:

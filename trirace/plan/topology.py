@@ -12,9 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from ..errors import UsageError
+from ..yamlfile import read_mapping
 from .layout import Layout
 
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -106,14 +105,7 @@ def single_node(world_size: int) -> Topology:
 def load_topology(path: str | Path) -> Topology:
     """YAML: nodes, ranks_per_node, and optional intra/inter {bandwidth, latency}."""
     p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"topology file not found: {p}")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise UsageError(f"malformed YAML in topology file {p}: {getattr(e, 'problem', e)}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"topology file {p}: expected a mapping")
+    data = read_mapping(p, "topology file")
     try:
         return topology_from_dict(data)
     except (KeyError, TypeError, ValueError) as e:
