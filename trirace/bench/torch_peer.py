@@ -1,0 +1,203 @@
+"""The external baseline: torch.distributed.pipelining's 1F1B, plus data parallelism.
+
+What a user would run instead of trirace: `PipelineStage` + `Schedule1F1B` for each replica's
+pipeline, then one flattened, blocking all-reduce of each stage's gradients across its
+replicas and an optimizer step. Synchronous 1F1B (PipeDream-Flush): W(t+1) = W(t) - lr *
+grad f(W(t)), on the same stages, micro-batches, initial weights and optimizer as trirace,
+so its losses must match trirace's "1f1b" schedule step for step.
+
+Support: pp >= 2 and micro_batches >= pp (Schedule1F1B's own limits; pp == 1 is not a
+pipeline, so it raises rather than silently measuring something else), `straggler` (as a
+sleep after each forward of that rank's stage). `trace_out`, `comm_policy`, `partition_mb`,
+`credit_mb` and `autotune` are trirace's and are ignored here.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+from ..config import TrainConfig
+from ..errors import UsageError
+from ..models import build_layers, lm_loss
+from ..plan import Layout, stage_ranges
+from ..runtime.probe import detect_topology
+from ..runtime.trainer import _Reporter, batch_fn, default_device, plan_partition, rank_order, sampler_for
+
+SYSTEM = "torch-1f1b"
+
+
+def run_peer(cfg: TrainConfig) -> list[dict] | None:
+    """Train `cfg` on the default process group (size pp * dp) with torch's pipelining.
+
+    Every rank calls it; the reporter rank (last stage, replica 0) returns the per-step rows
+    and prints the summary, the others return None.
+    """
+    _check(cfg)
+    device = default_device()
+    sizes = _partition(cfg)
+    layout = _layout(cfg, sizes)
+    rank = dist.get_rank()
+    stage, replica = layout.coords(rank)
+    pipe_group, dp_group = _make_groups(layout, stage, replica, device)
+
+    model = nn.Sequential(*build_layers(cfg.spec, cfg.seed, stage_ranges(sizes)[stage])).to(device)
+    is_first, is_last = stage == 0, stage == cfg.pp - 1
+    if cfg.straggler and cfg.straggler[0] == rank:
+        delay = cfg.straggler[1]
+        model.register_forward_hook(lambda *_: time.sleep(delay))
+    flat = _bind_flat_grads(model)
+    params = list(model.parameters())
+    opt_cls = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.SGD
+    optimizer = opt_cls(params, lr=cfg.learning_rate)
+
+    inputs, outputs = _example_args(cfg, is_first, is_last)
+    pipe = PipelineStage(model, stage, cfg.pp, device, input_args=inputs, output_args=outputs, group=pipe_group)
+    # lm_loss is a mean over tokens, so the default scale_grads=True (sum the micro-batch
+    # gradients, then divide by their number) gives the mean over micro-batches, as trirace's
+    # loss / m does; the all-reduce below divides by dp for the mean over replicas. Every
+    # stage gets loss_fn: the schedule runs backward only where it has one (a stage without
+    # it skips backward and its peers wait forever), though only the last stage calls it.
+    schedule = Schedule1F1B(pipe, cfg.micro_batches, loss_fn=lm_loss, scale_grads=True)
+
+    m = cfg.micro_batches
+    batch = batch_fn(cfg, sampler_for(cfg)) if is_first or is_last else None
+    report = _Reporter(cfg.model_copy(update={"schedule": "1f1b", "comm_policy": SYSTEM}), sizes) \
+        if is_last and replica == 0 else None
+
+    dist.barrier()
+    if report:
+        report.start(time.perf_counter())
+    for t in range(cfg.steps):
+        args: tuple[torch.Tensor, ...] = ()
+        target = None
+        if batch is not None:
+            # Replica r's micro-batch i of step t is global position r*m + i, as in trirace; the
+            # schedule splits the concatenation back along dim 0 into exactly these m pieces.
+            mbs = [batch(t, replica * m + i) for i in range(m)]
+            if is_first:
+                args = (torch.cat([x for x, _ in mbs]).to(device),)
+            if is_last:
+                target = torch.cat([y for _, y in mbs]).to(device)
+        losses: list[torch.Tensor] = []
+        schedule.step(*args, target=target, losses=losses if is_last else None, return_outputs=False)
+
+        _rebind_flat_grads(params, flat)
+        if dp_group is not None:
+            dist.all_reduce(flat, group=dp_group)
+            flat /= cfg.dp
+        optimizer.step()
+        flat.zero_()  # zeroing in place keeps every .grad a view of `flat`
+
+        if is_last:
+            loss = _mean_loss(losses, dp_group, cfg.dp, device)
+            if report:  # the step ends once its loss is known: trirace's rows time the same span
+                report.step(t, time.perf_counter(), {"loss": loss, "comm_policy": SYSTEM})
+    dist.barrier()
+    return report.finish() if report else None
+
+
+def _check(cfg: TrainConfig) -> None:
+    if not dist.is_initialized():
+        raise UsageError(f"{SYSTEM} needs an initialised torch.distributed process group")
+    if dist.get_world_size() != cfg.world_size:
+        raise UsageError(f"pp x dp = {cfg.pp} x {cfg.dp} = {cfg.world_size} but the world has "
+                         f"{dist.get_world_size()} ranks")
+    if cfg.pp < 2:
+        raise UsageError(f"{SYSTEM} is a pipeline baseline and needs pp >= 2 (got pp={cfg.pp}); "
+                         "for pp=1 compare against plain data parallelism instead")
+    if cfg.micro_batches < cfg.pp:
+        raise UsageError(f"torch's Schedule1F1B needs micro_batches >= pp "
+                         f"(got {cfg.micro_batches} < {cfg.pp})")
+
+
+def _partition(cfg: TrainConfig) -> list[int]:
+    """The same stages as trirace: the given partition, or rank 0's (measured times differ
+    between ranks, so one rank decides)."""
+    if cfg.partition is not None or cfg.balance == "params":
+        return plan_partition(cfg)
+    box = [plan_partition(cfg) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _layout(cfg: TrainConfig, sizes: list[int]) -> Layout:
+    """The same placement as trirace, so both run on the same links: the configured order,
+    or for "auto" trirace's own choice from the detected (or given) topology."""
+    order = cfg.rank_order
+    if order == "auto":  # detection is a collective: every rank takes this branch together
+        topo = detect_topology(str(cfg.topology) if cfg.topology else None, cfg.world_size)
+        order = rank_order(cfg, topo, sizes)
+    return Layout(cfg.pp, cfg.dp, order)
+
+
+def _make_groups(layout: Layout, stage: int, replica: int,
+                 device: torch.device) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
+    """Every replica's pipeline group, then every stage's replica group, created on all ranks
+    in this one order (new_group is collective over the world). Returns mine."""
+    pipes = [dist.new_group([layout.rank(s, r) for s in range(layout.pp)]) for r in range(layout.dp)]
+    dps = [dist.new_group(layout.dp_group(s)) for s in range(layout.pp)]
+    pipe = pipes[replica]
+    # PipelineStage maps stage i to group rank i % group size; new_group orders members by
+    # global rank, which Layout keeps increasing along a pipeline.
+    if dist.get_rank(pipe) != stage:
+        raise RuntimeError(f"stage {stage} has rank {dist.get_rank(pipe)} in its pipeline group")
+    dp = dps[stage] if layout.dp > 1 else None
+    if dp is not None:  # create the communicator now, not inside step 0's timing
+        dist.all_reduce(torch.ones(1, device=device), group=dp)
+    return pipe, dp
+
+
+def _example_args(cfg: TrainConfig, is_first: bool, is_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Static shapes for one micro-batch, as meta tensors: token ids -> hidden states ->
+    logits. Given both, PipelineStage skips its dynamic inference (an extra forward and
+    backward, and metadata exchange, in step 0). requires_grad matters: a received input
+    whose example lacks it gets no gradient sent back to the previous stage."""
+    b, s, d, v = cfg.micro_batch_size, cfg.tokens_seq, cfg.spec.d_model, cfg.spec.vocab_size
+    meta = torch.device("meta")
+    if is_first:
+        x = torch.empty(b, s, dtype=torch.long, device=meta)
+    else:
+        x = torch.empty(b, s, d, device=meta, requires_grad=True)
+    y = torch.empty(b, s, v if is_last else d, device=meta, requires_grad=True)
+    return x, y
+
+
+def _bind_flat_grads(model: nn.Module) -> torch.Tensor:
+    """One flat gradient buffer with every .grad a view into it: autograd accumulates into
+    the views in place, so the all-reduce needs no flatten/unflatten copies."""
+    params = list(model.parameters())
+    flat = torch.zeros(sum(p.numel() for p in params), device=params[0].device, dtype=params[0].dtype)
+    _rebind_flat_grads(params, flat)
+    return flat
+
+
+def _rebind_flat_grads(params: list[nn.Parameter], flat: torch.Tensor) -> None:
+    """Make each .grad a view of its slice of `flat` again, copying a gradient that
+    something replaced (a no-op when the views held, the usual case)."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        view = flat[offset:offset + n].view_as(p)
+        if p.grad is None:
+            view.zero_()
+        elif p.grad.data_ptr() != view.data_ptr():
+            view.copy_(p.grad)
+        p.grad = view
+        offset += n
+
+
+def _mean_loss(losses: list[torch.Tensor], dp_group: dist.ProcessGroup | None, dp: int,
+               device: torch.device) -> float:
+    """Mean over this replica's micro-batches, then over the last stage's replicas."""
+    local = sum(x.item() for x in losses) / len(losses)
+    if dp_group is None:
+        return local
+    box = torch.tensor([local], dtype=torch.float64, device=device)
+    dist.all_reduce(box, group=dp_group)
+    return box.item() / dp
+
