@@ -106,7 +106,10 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
     for name, res in zip(names, runs):
         rows[name] += res[WARMUP_STEPS:]
         losses.setdefault(name, [r["loss"] for r in res])
-    bound = _bound(base, nominal, rows.get("blocking") or next(iter(rows.values())))
+    measured = [s for s in ("blocking", *systems) if s in rows and "rank_compute_cpu_s" in rows[s][0]]
+    if not measured:
+        raise UsageError("bench needs at least one trirace policy among the systems (for the lower bound)")
+    bound = _bound(base, nominal, rows[measured[0]])
     step = {s: statistics.median(r["step_time_s"] for r in rows[s]) for s in systems}
     ref = step.get("blocking", next(iter(step.values())))
     results = []
