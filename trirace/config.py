@@ -39,6 +39,9 @@ class TrainConfig(BaseModel):
         "auto", description="which parallelism gets adjacent ranks (auto: keep the heavier traffic inside nodes)")
     topology: Path | None = Field(None, description="YAML topology (nodes, ranks_per_node, links); default: detect")
     probe: bool = Field(True, description="measure link latency and bandwidth at start-up")
+    tie_embeddings: bool = Field(False, description="share the token table with the output head (GPT-2 style)")
+    embedding_comm: Literal["dense", "allgather", "alltoall", "auto"] = Field(
+        "auto", description="how replicas exchange the token table's gradient (only touched rows are non-zero)")
     comm_policy: Literal["blocking", "fifo", "priority", "trirace"] = Field(
         "trirace", description="communication policy")
     partition_mb: float | None = Field(None, gt=0, description="all-reduce chunk size in MiB (default: per policy)")
@@ -97,7 +100,8 @@ class TrainConfig(BaseModel):
     # Derived values, so that callers never recompute defaults differently.
     @property
     def spec(self) -> ModelSpec:
-        return PRESETS[self.model]
+        spec = PRESETS[self.model]
+        return spec.with_(tie_embeddings=True) if self.tie_embeddings else spec
 
     @property
     def world_size(self) -> int:

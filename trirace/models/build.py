@@ -30,7 +30,17 @@ def build_layer(spec: ModelSpec, index: int, seed: int, sparse_embedding: bool =
         layer = LMHead(spec.d_model, spec.vocab_size) if spec.arch == "gpt" else MLMHead(spec.d_model, spec.vocab_size)
     gen = torch.Generator().manual_seed(seed * 1_000_003 + index)
     init_weights(layer, spec.n_layers, gen)
+    if spec.tie_embeddings and index == n - 1:  # a tied head starts as the embedding table
+        with torch.no_grad():
+            layer.proj.weight.copy_(build_layer(spec, 0, seed).tok.weight)
     return layer
+
+
+def tie_in_place(layers: list[nn.Module]) -> None:
+    """Share one parameter between the token table and the head when both are here."""
+    first, last = layers[0], layers[-1]
+    if isinstance(first, Embedding) and isinstance(last, (LMHead, MLMHead)):
+        last.proj.weight = first.tok.weight
 
 
 def build_layers(spec: ModelSpec, seed: int, indices: range | None = None, sparse_embedding: bool = False) -> list[nn.Module]:
@@ -40,7 +50,10 @@ def build_layers(spec: ModelSpec, seed: int, indices: range | None = None, spars
 
 def build_model(spec: ModelSpec, seed: int, sparse_embedding: bool = False) -> nn.Sequential:
     """The whole model in one process: the reference every parallel run must reproduce."""
-    return nn.Sequential(*build_layers(spec, seed, sparse_embedding=sparse_embedding))
+    layers = build_layers(spec, seed, sparse_embedding=sparse_embedding)
+    if spec.tie_embeddings:
+        tie_in_place(layers)
+    return nn.Sequential(*layers)
 
 
 def count_params(layers) -> int:

@@ -192,19 +192,20 @@ def build_schedule(kind: str, n_stages: int, micro_batches: int, steps: int) -> 
     return sched
 
 
-def defer_updates(sched: Schedule) -> Schedule:
-    """Move each step's AR and OPT as late as the math allows: just before the first forward
-    that computes on W(t+1), i.e. the first F of step t + 1 + staleness. For 2BW that is a
-    whole step of slack for the gradient reduction; for flushed schedules nothing moves."""
+def defer_updates(sched: Schedule, ops: tuple[Op, ...] = (Op.AR, Op.OPT)) -> Schedule:
+    """Move each step's AR and OPT (or only `ops` of them) as late as the math allows: just
+    before the first forward that computes on W(t+1), i.e. the first F of step t + 1 +
+    staleness. For 2BW that is a whole step of slack for the gradient reduction; for flushed
+    schedules nothing moves."""
     out = []
     for acts in sched.actions:
-        body = [a for a in acts if a.op not in (Op.AR, Op.OPT)]
+        body = [a for a in acts if a.op not in ops]
         for t in range(sched.steps):
             need = t + 1 + sched.staleness
             at = next((i for i, a in enumerate(body) if a.op is Op.F and sched.step_of(a.index) == need), len(body))
             if at > 0 and body[at - 1].op is Op.RF:  # keep a forward next to its receive
                 at -= 1
-            body[at:at] = [Action(Op.AR, t), Action(Op.OPT, t)]
+            body[at:at] = [Action(op, t) for op in ops]
         out.append(tuple(body))
     deferred = Schedule(sched.kind, sched.n_stages, sched.micro_batches, sched.steps, tuple(out))
     validate(deferred)

@@ -54,8 +54,7 @@ class Chunk:
     stop: int
     params: tuple[int, int]  # [first, last) parameter indices it overlaps
     elem_size: int = 4
-
-    kind = Kind.ALLREDUCE
+    kind: Kind = Kind.ALLREDUCE  # SPARSE: one parameter's rows, exchanged by an embedding method
 
     @property
     def nbytes(self) -> int:
@@ -63,7 +62,7 @@ class Chunk:
 
     @property
     def name(self) -> str:
-        return f"AR{self.step}.{self.seq}"
+        return f"{'AR' if self.kind is Kind.ALLREDUCE else 'SP'}{self.step}.{self.seq}"
 
     @property
     def consumer(self) -> str:
@@ -78,23 +77,28 @@ def param_offsets(numels: list[int]) -> list[int]:
 
 
 def plan_reduction(step: int, numels: list[int], chunk_elems: int | None, order: str,
-                   elem_size: int = 4) -> list[Chunk]:
+                   elem_size: int = 4, sparse_param: int | None = None) -> list[Chunk]:
     """Cut the flat gradient (parameters in forward order) into chunks of at most
     `chunk_elems` (None: one chunk) and number them in launch order:
     "ready" = the order backward finishes them (last parameters first), or
     "front" = forward order (what the next forward needs first, as ByteScheduler orders).
+    `sparse_param` (the token table) becomes one SPARSE item of its own, in the same order.
     Depends only on shapes and settings all replicas share, so all replicas agree."""
     offsets = param_offsets(numels)
     total = offsets[-1]
     size = total if not chunk_elems else max(1, chunk_elems)
-    spans = [(a, min(a + size, total)) for a in range(0, total, size)] or [(0, 0)]
+    hole = (offsets[sparse_param], offsets[sparse_param + 1]) if sparse_param is not None else (0, 0)
+    spans = [(hole[0], hole[1], Kind.SPARSE)] if sparse_param is not None else []
+    for lo, hi in ((0, hole[0]), (hole[1], total)):
+        spans += [(a, min(a + size, hi), Kind.ALLREDUCE) for a in range(lo, hi, size)]
+    spans = sorted(spans) or [(0, 0, Kind.ALLREDUCE)]
     if order == "ready":
         spans.reverse()
     elif order != "front":
         raise ValueError(f"unknown chunk order {order!r}")
     chunks = []
-    for seq, (a, b) in enumerate(spans):
+    for seq, (a, b, kind) in enumerate(spans):
         first = max(i for i in range(len(numels)) if offsets[i] <= a) if numels else 0
         last = min((i for i in range(len(numels)) if offsets[i + 1] >= b), default=len(numels) - 1) + 1
-        chunks.append(Chunk(step, seq, a, b, (first, max(last, first + 1)), elem_size))
+        chunks.append(Chunk(step, seq, a, b, (first, max(last, first + 1)), elem_size, kind))
     return chunks

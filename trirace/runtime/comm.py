@@ -98,33 +98,45 @@ class CommStats:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._steps: dict[int, dict] = defaultdict(lambda: {"exposed": defaultdict(float), "transfers": 0, "cpu_s": 0.0})
+        self._steps: dict[int, dict] = defaultdict(self._fresh)
+
+    @staticmethod
+    def _fresh() -> dict:
+        return {"exposed": defaultdict(float), "transfers": 0, "cpu_s": 0.0, "embedding_bytes": 0.0,
+                "embedding_method": None}
 
     def add(self, step: int, *, kind: str | None = None, exposed_s: float = 0.0, transfers: int = 0,
-            cpu_s: float = 0.0) -> None:
+            cpu_s: float = 0.0, embedding_bytes: float = 0.0, embedding_method: str | None = None) -> None:
         with self._lock:
             st = self._steps[step]
             if kind is not None:
                 st["exposed"][kind] += exposed_s
             st["transfers"] += transfers
             st["cpu_s"] += cpu_s
+            st["embedding_bytes"] += embedding_bytes
+            st["embedding_method"] = embedding_method or st["embedding_method"]
 
-    def take(self, step: int) -> tuple[dict[str, float], int, float]:
+    def take(self, step: int) -> dict:
         with self._lock:
-            st = self._steps.pop(step, None) or {"exposed": {}, "transfers": 0, "cpu_s": 0.0}
-        return dict(st["exposed"]), st["transfers"], st["cpu_s"]
+            st = self._steps.pop(step, None) or self._fresh()
+        return {**st, "exposed": dict(st["exposed"])}
 
 
 class Comm:
     def __init__(self, policy: Policy, schedule: Schedule, groups: Groups, model: StageModel,
                  activation_shape: tuple[int, ...], device: torch.device, recorder: Recorder,
                  tuner: Tuner | None = None, topology: Topology | None = None,
-                 hierarchy: Hierarchy | None = None):
+                 hierarchy: Hierarchy | None = None, embedding_method: str = "dense"):
         self.policy, self.sched, self.g, self.model = policy, schedule, groups, model
         self.tuner = tuner
         self.topo = topology or single_node(groups.layout.world_size)
         self.links = LinkEstimates(self.topo)
         self.hierarchy = hierarchy  # set when the policy and topology call for it
+        self.embedding_method = embedding_method
+        self.tie_works: dict[int, tuple[dist.Work, float]] = {}
+        # The token table travels as a SPARSE item (only touched rows) unless the method is
+        # dense or there is no replica to exchange with.
+        self.sparse_param = model.table if embedding_method != "dense" and groups.dp is not None else None
         self.shape, self.device, self.rec = activation_shape, device, recorder
         self.stats = CommStats()
         self.scheduler = CommScheduler(policy, self.topo.group_link(groups.layout.dp_group(groups.stage)))
@@ -238,7 +250,8 @@ class Comm:
         if step not in self.step_chunks:
             p = self.policy_for(step)
             chunk_elems = None if p.partition_bytes is None else p.partition_bytes // 4
-            self.step_chunks[step] = plan_reduction(step, self.model.numels, chunk_elems, p.chunk_order)
+            self.step_chunks[step] = plan_reduction(step, self.model.numels, chunk_elems, p.chunk_order,
+                                                    sparse_param=self.sparse_param)
         return self.step_chunks[step]
 
     def backward_begins(self, step: int, last: bool) -> None:
@@ -298,7 +311,10 @@ class Comm:
     def _launch_chunk(self, c: Chunk) -> None:
         flat = self.model.flat_grad(self.sched.version_of_step(c.step))
         t0 = self.rec.now()
-        if self.hierarchy is not None:  # three dependent phases: run them here, in order
+        if c.kind is Kind.SPARSE:  # several dependent collectives: run them here, in order
+            self._exchange_rows(c)
+            work = _Done()
+        elif self.hierarchy is not None:  # three dependent phases: run them here, in order
             self.hierarchy.all_reduce(flat[c.start:c.stop])
             work = _Done()
         else:
@@ -325,32 +341,70 @@ class Comm:
         finally:
             self.stats.add(step, cpu_s=time.thread_time() - cpu0)
 
+    def _exchange_rows(self, c: Chunk) -> None:
+        """The token table's gradient: only the rows some replica touched cross the link."""
+        from .sparse_exchange import exchange
+
+        version = self.sched.version_of_step(c.step)
+        t0 = self.rec.now()
+        view = self.model.grad_view(version, c.params[0])
+        link = self.topo.link(self.scheduler.chunk_link)  # probed figures every replica agrees on
+        _, st = exchange(view, group=self.g.dp, method=self.embedding_method, out=view,
+                         alpha_s=link.latency_s, bytes_per_s=link.bytes_per_s)
+        self.rec.span("sparse", c.name, t0, self.rec.now(), method=st["method"], bytes=st["bytes_sent"],
+                      rows=st["rows"])
+        self.stats.add(c.step, embedding_bytes=st["bytes_sent"], embedding_method=st["method"])
+
     def _reduce(self, step: int) -> None:
-        flat = self.model.flat_grad(self.sched.version_of_step(step))
-        if self.g.dp is None:
-            return
-        t0 = time.perf_counter()
-        if self.policy.blocking:
-            dist.all_reduce(flat, group=self.g.dp)
-            self.stats.add(step, transfers=1)
-            self.rec.span("allreduce", f"AR{step}", t0, self.rec.now(), bytes=flat.numel() * 4)
-        else:
+        version = self.sched.version_of_step(step)
+        flat = self.model.flat_grad(version)
+        if self.g.dp is not None:
+            t0 = time.perf_counter()
             chunks = self._plan(step)
-            with self.cond:
-                self.scheduler.deadline(step)
-                self.cond.notify_all()
-                self.cond.wait_for(lambda: self.error is not None or all(c in self.done_chunks for c in chunks))
-                if self.error is not None:
-                    raise RuntimeError("communication launcher failed") from self.error
-                works = [self.chunk_works.pop(c) for c in chunks]
-                self.done_chunks.difference_update(chunks)
-            for w in works:
-                w.wait()
+            if self.policy.blocking:  # in order, each to completion, right here
+                for c in chunks:
+                    if c.kind is Kind.SPARSE:
+                        self._exchange_rows(c)
+                    else:
+                        dist.all_reduce(flat[c.start:c.stop], group=self.g.dp)
+                        self.rec.span("allreduce", c.name, t0, self.rec.now(), bytes=c.nbytes)
+                    self.stats.add(step, transfers=1)
+            else:
+                with self.cond:
+                    self.scheduler.deadline(step)
+                    self.cond.notify_all()
+                    self.cond.wait_for(lambda: self.error is not None or all(c in self.done_chunks for c in chunks))
+                    if self.error is not None:
+                        raise RuntimeError("communication launcher failed") from self.error
+                    works = [self.chunk_works.pop(c) for c in chunks]
+                    self.done_chunks.difference_update(chunks)
+                for w in works:
+                    w.wait()
+                self.pending_params.pop(step, None)
             del self.step_chunks[step]
-            self.pending_params.pop(step, None)
-        flat /= self.g.layout.dp
-        self.stats.add(step, kind=Kind.ALLREDUCE.value, exposed_s=time.perf_counter() - t0)
-        self.rec.flow(f"AR{step}" if self.policy.blocking else chunks[-1].name if chunks else "", f"OPT{step}")
+            flat /= self.g.layout.dp
+            if self.sparse_param is None and self.model.table is not None:  # dense method: the table rode along
+                n = self.g.layout.dp
+                self.stats.add(step, embedding_bytes=2 * (n - 1) / n * 4 * self.model.numels[self.model.table],
+                               embedding_method="dense")
+            self.stats.add(step, kind=Kind.ALLREDUCE.value, exposed_s=time.perf_counter() - t0)
+            self.rec.flow(chunks[-1].name, f"OPT{step}")
+        if self.model.tied is not None:  # table and head are one weight: their gradients add up
+            # Asynchronous, waited for by OPT: the two ends reach this point at different
+            # places of their pipelines, and a blocking wait here could close a cycle with
+            # the P2P transfers between them.
+            view = self.model.grad_view(version, self.model.tied)
+            self.tie_works[step] = (dist.all_reduce(view, group=self.g.tie, async_op=True), time.perf_counter())
+            self.stats.add(step, transfers=1)
+
+    def before_update(self, step: int) -> None:
+        """OPT's dependency on the tied-weight reduction."""
+        if step in self.tie_works:
+            work, _ = self.tie_works.pop(step)
+            t0 = time.perf_counter()
+            work.wait()
+            self.stats.add(step, kind=Kind.ALLREDUCE.value, exposed_s=time.perf_counter() - t0)
+
 
     def close(self) -> None:
         for r in self.reapers.values():

@@ -82,6 +82,7 @@ class Engine:
         self.comm.backward_ends(step, last)
 
     def update(self, step: int) -> None:
+        self.comm.before_update(step)
         self.model.step(self.sched.version_of_step(step), publish_version=step + 1)
 
     # ------------------------------------------------------------ driver

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..models import ModelSpec, build_layers, layer_names
+from ..models.build import tie_in_place
 
 
 class StageModel:
@@ -26,8 +27,18 @@ class StageModel:
         self.layers = layers
         self.is_first = layers.start == 0
         self.is_last = layers.stop == len(layer_names(spec))
-        self.versions = [nn.Sequential(*build_layers(spec, seed, layers)).to(device) for _ in range(n_versions)]
-        self.numels = [p.numel() for p in self.versions[0].parameters()]
+        self.versions = [nn.Sequential(*self._layers(spec, seed, layers)).to(device) for _ in range(n_versions)]
+        params = list(self.versions[0].parameters())
+        self.numels = [p.numel() for p in params]
+        self.shapes = [tuple(p.shape) for p in params]
+        first, last = self.versions[0][0], self.versions[0][-1]
+        # The token table (param index) whose gradient an embedding method exchanges, and the
+        # parameter tied to another stage (table on the first stage, head on the last).
+        self.table = _index(params, first.tok.weight) if self.is_first else None
+        tied_elsewhere = spec.tie_embeddings and self.is_first != self.is_last
+        self.tied = None
+        if tied_elsewhere:
+            self.tied = self.table if self.is_first else _index(params, last.proj.weight)
         self.flat_grads = [torch.zeros(sum(self.numels), device=device) for _ in range(n_versions)]
         for module, flat in zip(self.versions, self.flat_grads):
             offset = 0
@@ -39,6 +50,24 @@ class StageModel:
             self.optimizer: torch.optim.Optimizer = torch.optim.Adam(self.master, lr=lr)
         else:
             self.optimizer = torch.optim.SGD(self.master, lr=lr)
+
+    @staticmethod
+    def _layers(spec: ModelSpec, seed: int, layers: range) -> list[nn.Module]:
+        built = build_layers(spec, seed, layers)
+        if spec.tie_embeddings:
+            tie_in_place(built)  # both ends on this stage: one shared parameter
+        return built
+
+    def grad_view(self, version: int, param: int) -> torch.Tensor:
+        """A parameter's gradient as a view of the flat buffer, in its own shape."""
+        start = sum(self.numels[:param])
+        return self.flat_grad(version)[start:start + self.numels[param]].view(self.shapes[param])
+
+    @torch.no_grad()
+    def checksum(self, version: int, param: int) -> float:
+        """A float64 fingerprint of one parameter's weights (equal tensors, equal numbers)."""
+        w = list(self.module(version).parameters())[param].detach().double().flatten()
+        return float((w * torch.arange(1, w.numel() + 1, dtype=torch.float64, device=w.device).sqrt()).sum())
 
     def _slot(self, version: int) -> int:
         return version % len(self.versions)
@@ -70,3 +99,7 @@ class StageModel:
 
     def n_params(self) -> int:
         return sum(self.numels)
+
+
+def _index(params: list[nn.Parameter], p: nn.Parameter) -> int:
+    return next(i for i, q in enumerate(params) if q is p)

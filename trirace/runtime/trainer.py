@@ -22,7 +22,7 @@ from ..comm.policies import sized_for_link
 from ..comm.autotune import Tuner
 from ..comm.policies import MiB
 from ..obs.timeline import Recorder, write_trace
-from ..plan.schedule import defer_updates
+from ..plan.schedule import Op, defer_updates
 from .comm import Comm
 from .engine import BatchFn, Engine, StepRecord
 from .groups import Groups, make_groups
@@ -90,7 +90,7 @@ class Trainer:
         self.sizes = self._agree_on_partition()
         self.topology = detect_topology(str(cfg.topology) if cfg.topology else None, cfg.world_size)
         self.layout = Layout(cfg.pp, cfg.dp, rank_order(cfg, self.topology, self.sizes))
-        self.groups: Groups = make_groups(self.layout, self.device)
+        self.groups: Groups = make_groups(self.layout, self.device, tied=cfg.spec.tie_embeddings)
         if cfg.probe:
             self.topology = probe_links(self.topology, self.device)
         self.hierarchy = self._hierarchy()
@@ -130,14 +130,21 @@ class Trainer:
         if cfg.comm_policy == "trirace" and cfg.partition_mb is None and cfg.credit_mb is None:
             link = self.topology.link(self.topology.group_link(self.layout.dp_group(g.stage)))
             policy = sized_for_link(policy, link.bytes_per_s)
-        schedule = defer_updates(self.schedule) if policy.defer_updates else self.schedule
+        if policy.defer_updates:
+            schedule = defer_updates(self.schedule)
+        elif cfg.spec.tie_embeddings and cfg.pp > 1:
+            # Blocking P2P leaves no point where both ends of a 2BW pipeline are free to wait
+            # for each other; OPT, which needs the tied reduction, waits at its deadline.
+            schedule = defer_updates(self.schedule, (Op.OPT,))
+        else:
+            schedule = self.schedule
         rec = Recorder(g.rank, enabled=cfg.trace_out is not None)
         shape = (cfg.micro_batch_size, cfg.tokens_seq, cfg.spec.d_model)
         tuner = Tuner(policy, lag=_StepMetrics.LAG) if cfg.autotune else None
         comm = Comm(policy, schedule, g, self.model, shape, self.device, rec, tuner, self.topology,
-                    self.hierarchy if cfg.comm_policy == "trirace" else None)
+                    self.hierarchy if cfg.comm_policy == "trirace" else None, cfg.embedding_comm)
         report = _Reporter(cfg, self.sizes) if g.is_reporter else None
-        metrics = _StepMetrics(cfg, g, comm, report, self.sizes)
+        metrics = _StepMetrics(cfg, g, comm, report, self.sizes, self.model)
         engine = Engine(schedule, self.model, g, comm, batch_fn(cfg, self.sampler), self.device, rec,
                         on_step=metrics.step,
                         delay_s=cfg.straggler[1] if cfg.straggler and cfg.straggler[0] == g.rank else 0.0)
@@ -159,24 +166,32 @@ class _StepMetrics:
     hold the pipeline back."""
 
     FIELDS = ("loss", "exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s", "transfers",
-              "comm_cpu_s", "step_time_s")
+              "comm_cpu_s", "step_time_s", "embedding_bytes", "embedding_method")
+    METHODS = ("dense", "allgather", "alltoall")  # embedding_method is sent as 1 + its index
     LAG = 2
 
-    def __init__(self, cfg: TrainConfig, g: Groups, comm: Comm, report: "_Reporter | None", sizes: list[int]):
-        self.cfg, self.g, self.comm, self.report, self.sizes = cfg, g, comm, report, sizes
+    def __init__(self, cfg: TrainConfig, g: Groups, comm: Comm, report: "_Reporter | None", sizes: list[int],
+                 model: StageModel):
+        self.cfg, self.g, self.comm, self.report, self.sizes, self.model = cfg, g, comm, report, sizes, model
         self.pending: list[tuple[int, float, torch.Tensor, dist.Work]] = []
         self.last_end: float | None = None
 
     def step(self, rec: StepRecord) -> None:
-        exposed, transfers, cpu_s = self.comm.stats.take(rec.step)
+        st = self.comm.stats.take(rec.step)
+        exposed, transfers, cpu_s = st["exposed"], st["transfers"], st["cpu_s"]
         loss = sum(rec.losses) / len(rec.losses) if rec.losses else 0.0
         window = rec.end_time - (self.last_end if self.last_end is not None else rec.end_time)
         self.last_end = rec.end_time
-        vec = torch.zeros(len(self.FIELDS) + self.cfg.world_size, dtype=torch.float64)
-        vec[:len(self.FIELDS)] = torch.tensor([loss, exposed.get("p2p", 0.0), exposed.get("allreduce", 0.0),
-                                               exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s,
-                                               window], dtype=torch.float64)
-        vec[len(self.FIELDS) + self.g.rank] = rec.compute_cpu_s  # a slot per rank: a sum that gathers
+        method = self.METHODS.index(st["embedding_method"]) + 1 if st["embedding_method"] else 0
+        nf, world = len(self.FIELDS), self.cfg.world_size
+        vec = torch.zeros(nf + 2 * world, dtype=torch.float64)
+        vec[:nf] = torch.tensor([loss, exposed.get("p2p", 0.0), exposed.get("allreduce", 0.0),
+                                 exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s,
+                                 window, st["embedding_bytes"], method], dtype=torch.float64)
+        # Slots per rank (a sum in which each rank fills its own slot is a gather).
+        vec[nf + self.g.rank] = rec.compute_cpu_s
+        if self.model.tied is not None:
+            vec[nf + world + self.g.rank] = self.model.checksum(rec.step + 1, self.model.tied)
         work = dist.all_reduce(vec, group=self.g.world, async_op=True)
         self.pending.append((rec.step, rec.end_time, vec, work))
         while len(self.pending) > self.LAG:
@@ -190,7 +205,9 @@ class _StepMetrics:
         work.wait()
         world = self.cfg.world_size
         v = dict(zip(self.FIELDS, vec.tolist()))
-        per_rank = vec[len(self.FIELDS):].tolist()
+        nf = len(self.FIELDS)
+        per_rank = vec[nf:nf + world].tolist()
+        tied = vec[nf + world:].tolist()
         if self.comm.tuner:  # the same numbers on every rank: the same decision everywhere
             self.comm.tuner.observe(step, v["step_time_s"] / world)
         if self.report is None:
@@ -200,6 +217,12 @@ class _StepMetrics:
         for k in ("exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s"):
             row[k] = v[k] / world  # mean per rank
         row["rank_compute_cpu_s"] = per_rank
+        replicas_with_table = self.cfg.dp  # the first stage's replicas exchange the table
+        row["embedding_bytes"] = v["embedding_bytes"] / replicas_with_table
+        code = round(v["embedding_method"] / replicas_with_table)
+        row["embedding_method"] = self.METHODS[code - 1] if code else None
+        if self.model.tied is not None or self.cfg.spec.tie_embeddings:
+            row["tied_checksums"] = tied
         row["partition"] = self.sizes
         row["rank_order"] = self.g.layout.order
         row["transfers"] = int(v["transfers"])
