@@ -21,11 +21,12 @@ def runs(request):
                 micro_batches=4, progress=False, balance="params", pp=2, dp=2)
     cfgs = {k: make_config(base, schedule=k) for k in ("1f1b", "gpipe", "2bw")}
     cfgs["2bw-sgd"] = make_config(base, schedule="2bw", optimizer="sgd", partition="2,5")
+    cfgs["bert-1f1b"] = make_config(base, model="bert-test", schedule="1f1b")
     results = run_local(list(cfgs.values()), timeout_s=240)
     return {k: (cfgs[k], [r["loss"] for r in res]) for k, res in zip(cfgs, results)}
 
 
-@pytest.mark.parametrize("kind", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe", "bert-1f1b"])
 def test_sync_schedules_match_single_process(runs, kind):
     cfg, losses = runs[kind]
     _close(losses, train_sync(cfg))

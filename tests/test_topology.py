@@ -112,3 +112,16 @@ def test_topology_must_match_the_job(tmp_path):
     from trirace.runtime import WorkerFailed
     with pytest.raises(WorkerFailed):
         run_local([cfg], timeout_s=120)
+
+
+@pytest.mark.parametrize("rate", ["100mbit", "250mbit", "1gbit", "10gbit", "100gbit"])
+def test_trirace_chunks_bound_how_long_an_overtaking_p2p_waits(rate):
+    """A P2P that arrives while a chunk is on the wire waits for at most that chunk: its
+    size follows the link so the wait stays near 100 ms on slow links and far below on fast."""
+    from trirace.comm.policies import sized_for_link
+
+    bw = parse_rate(rate) / 8
+    p = sized_for_link(make_policy("trirace"), bw)
+    assert 256 * 1024 <= p.partition_bytes <= 8 * MiB
+    assert p.partition_bytes / bw <= 0.1 + 1e-9 or p.partition_bytes == 256 * 1024
+    assert p.credit_bytes == 2 * p.partition_bytes

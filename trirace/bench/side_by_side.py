@@ -181,7 +181,9 @@ def chart(payload: dict, path: Path) -> None:
         ax.annotate(f"{r['vs_blocking']:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()),
                     ha="center", va="bottom", fontsize=9)
     tokens = res[0]["tokens_per_s"] * res[0]["step_time_s"]
-    ax.axhline(tokens / res[0]["lower_bound_s"], color="#2e4057", ls="--", lw=1, label="lower bound")
+    limit = tokens / res[0]["lower_bound_s"]
+    ax.axhline(limit, color="#2e4057", ls="--", lw=1, label="lower bound")
+    ax.set_ylim(0, 1.15 * max(limit, *(r["tokens_per_s"] for r in res)))
     c = cfg["cluster"]
     where = "loopback" if c["link"] is None else f"{c['nodes']}x{c['ranks_per_node']} @ {c['link']}"
     ax.set_title(f"{cfg['model']} {cfg['schedule']} pp={cfg['pp']} dp={cfg['dp']}, {where}", fontsize=10)

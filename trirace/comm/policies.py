@@ -73,7 +73,7 @@ def make_policy(name: str, partition_mb: float | None = None, credit_mb: float |
     raise UsageError(f"unknown communication policy {name!r}; choose from {', '.join(POLICIES)}")
 
 
-def sized_for_link(policy: Policy, bytes_per_s: float, max_wait_s: float = 0.025) -> Policy:
+def sized_for_link(policy: Policy, bytes_per_s: float, max_wait_s: float = 0.1) -> Policy:
     """trirace's chunk size follows the link: a P2P transfer that arrives behind a chunk
     waits at most about `max_wait_s`. Callers pass a bandwidth every member of the group
     agrees on (the broadcast probe), since chunking must be identical across the group."""

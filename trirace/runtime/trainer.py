@@ -217,6 +217,9 @@ class _StepMetrics:
         for k in ("exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s"):
             row[k] = v[k] / world  # mean per rank
         row["rank_compute_cpu_s"] = per_rank
+        for cls in ("intra", "inter"):  # probed at start-up, and achieved since (this rank's view)
+            row[f"{cls}_probed_MBps"] = self.comm.topo.link(cls).bytes_per_s / 1e6
+            row[f"{cls}_achieved_MBps"] = self.comm.links.bytes_per_s[cls] / 1e6
         replicas_with_table = self.cfg.dp  # the first stage's replicas exchange the table
         row["embedding_bytes"] = v["embedding_bytes"] / replicas_with_table
         code = round(v["embedding_method"] / replicas_with_table)
