@@ -16,18 +16,22 @@ from ..errors import UsageError
 from ..yamlfile import read_mapping
 from .layout import Layout
 
-_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_BIT_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}  # tc's decimal units
+_BYTE_UNITS = {"B/s": 8.0, "KB/s": 8e3, "MB/s": 8e6, "GB/s": 8e9, "TB/s": 8e12}
+_RATE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z/]*)\s*")
 
 
 def parse_rate(text: str | float | int) -> float:
-    """'250mbit' / '1gbit' / '25GB/s' / 3.1e9 -> bits per second."""
+    """'250mbit' / '1gbit' (bits, as tc writes them) / '25GB/s' (bytes) / 3.1e9 -> bits per
+    second. "mbps"-style units are refused: tc reads them as bytes, people mean bits."""
     if isinstance(text, (int, float)):
         return float(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(bit|bps|b/s|B/s|Bps|)\s*", str(text), re.IGNORECASE)
-    if not m:
+    m = _RATE.fullmatch(str(text))
+    unit = m.group(2) if m else ""
+    scale = _BIT_UNITS.get(unit.lower()) if unit.lower() in _BIT_UNITS else _BYTE_UNITS.get(unit)
+    if not m or scale is None:
         raise UsageError(f"not a rate: {text!r} (e.g. 250mbit, 1gbit, 25GB/s)")
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    return value * 8 if m.group(3) in ("B/s", "Bps") else value
+    return float(m.group(1)) * scale
 
 
 def parse_time(text: str | float | int) -> float:

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import re
-
 from ..errors import UsageError
-
-# tc's decimal units; "bps" suffixes are refused because tc reads them as BYTES per second,
-# which is almost never what someone typing "100mbps" means.
-_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
-_PATTERN = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)\s*", re.IGNORECASE)
-
+from ..plan.topology import parse_rate as topology_rate
 
 def parse_rate(text: str) -> float:
-    """Bits per second for "250mbit", "1gbit", "100kbit", "2.5gbit"."""
-    match = _PATTERN.fullmatch(str(text))
-    if match is None or match.group(2).lower() not in _UNITS:
+    """Bits per second for "250mbit", "1gbit", "100kbit", "2.5gbit": the topology's parser,
+    restricted to tc's bit units (what a link rate is written in) and to sane values."""
+    try:
+        bits = topology_rate(str(text))
+    except UsageError:
+        bits = None
+    if bits is None or not str(text).strip().lower().endswith("bit"):
         raise UsageError(f"link rate {text!r} is not a rate; write e.g. '250mbit' or '1gbit' (units: bit, kbit, mbit, gbit, tbit)")
-    bits = float(match.group(1)) * _UNITS[match.group(2).lower()]
     # Below ~1 kbit/s a single jumbo frame takes over a minute: certainly a typo.
     if bits < 1e3:
         raise UsageError(f"link rate {text!r} is too low; use at least 1kbit")
