@@ -49,8 +49,11 @@ class _Reaper(threading.Thread):
             try:
                 work.wait()
             except BaseException as e:  # noqa: BLE001 - surfaced by close()
-                self.error = e
-            done()
+                self.error = self.error or e
+            try:
+                done()  # always: it releases the link, or chunks would be held forever
+            except BaseException as e:  # noqa: BLE001
+                self.error = self.error or e
 
     def close(self) -> None:
         self.q.put(None)
@@ -187,12 +190,14 @@ class Comm:
                 self.scheduler.p2p_started(link)
 
             def finished(a=a, t0=t0, nbytes=tensor.numel() * tensor.element_size(), link=link):
-                t1 = self.rec.now()
-                self.rec.span("p2p send", str(a), t0, t1, bytes=nbytes)
-                self.links.observe(link, nbytes, t1 - t0, self.rec)
-                with self.cond:
-                    self.scheduler.p2p_finished(link)
-                    self.cond.notify_all()
+                try:
+                    t1 = self.rec.now()
+                    self.rec.span("p2p send", str(a), t0, t1, bytes=nbytes)
+                    self.links.observe(link, nbytes, t1 - t0, self.rec)
+                finally:
+                    with self.cond:
+                        self.scheduler.p2p_finished(link)
+                        self.cond.notify_all()
             self.reapers[a.op].add(work, tensor, finished)
         return work
 
@@ -300,9 +305,7 @@ class Comm:
                     if self.stopping:
                         return
                 for c in batch:
-                    t0 = time.thread_time()
                     self._launch_chunk(c)
-                    self.stats.add(c.step, transfers=1, cpu_s=time.thread_time() - t0)
         except BaseException as e:  # surfaced to the engine at its next wait
             with self.cond:
                 self.error = e
@@ -310,7 +313,7 @@ class Comm:
 
     def _launch_chunk(self, c: Chunk) -> None:
         flat = self.model.flat_grad(self.sched.version_of_step(c.step))
-        t0 = self.rec.now()
+        t0, cpu0 = self.rec.now(), time.thread_time()
         if c.kind is Kind.SPARSE:  # several dependent collectives: run them here, in order
             self._exchange_rows(c)
             work = _Done()
@@ -321,14 +324,22 @@ class Comm:
             work = dist.all_reduce(flat[c.start:c.stop], group=self.g.dp, async_op=True)
 
         def finished(_fut, c=c, t0=t0):
-            t1 = self.rec.now()
-            self.rec.span("allreduce", c.name, t0, t1, bytes=c.nbytes)
-            n = self.g.layout.dp
-            self.links.observe(self.scheduler.chunk_link, c.nbytes * 2 * (n - 1) / n, t1 - t0, self.rec)
-            with self.cond:
-                self.scheduler.finished(c)
-                self.done_chunks.add(c)
-                self.cond.notify_all()
+            # torch drops exceptions raised in callbacks: whatever happens, mark the chunk
+            # done and record the error, or the engine would wait for it forever.
+            try:
+                t1 = self.rec.now()
+                self.rec.span("allreduce", c.name, t0, t1, bytes=c.nbytes)
+                n = self.g.layout.dp
+                self.links.observe(self.scheduler.chunk_link, c.nbytes * 2 * (n - 1) / n, t1 - t0, self.rec)
+            except BaseException as e:  # noqa: BLE001
+                self.error = self.error or e
+            finally:
+                with self.cond:
+                    self.scheduler.finished(c)
+                    self.done_chunks.add(c)
+                    self.cond.notify_all()
+        # Counted before the callback can run (it may run inline), so the step still exists.
+        self.stats.add(c.step, transfers=1, cpu_s=time.thread_time() - cpu0)
         with self.cond:
             self.chunk_works[c] = work
         work.get_future().add_done_callback(finished)
@@ -406,13 +417,19 @@ class Comm:
             self.stats.add(step, kind=Kind.ALLREDUCE.value, exposed_s=time.perf_counter() - t0)
 
 
-    def close(self) -> None:
-        for r in self.reapers.values():
-            r.close()
-        for work, _, _ in self.posted.values():  # nothing should be left; never leave a handle unwaited
-            work.wait()
+    def close(self, failed: bool = False) -> None:
+        """Stop the threads. On success every handle is waited on; after a failure nothing
+        is waited on (a peer may be gone), the process is about to exit."""
         if self.launcher:
             with self.cond:
                 self.stopping = True
                 self.cond.notify_all()
             self.launcher.join()
+        if failed:
+            return
+        for r in self.reapers.values():
+            r.close()
+        for work, _, _ in self.posted.values():  # nothing should be left; never leave a handle unwaited
+            work.wait()
+        if self.error is not None:
+            raise RuntimeError("communication failed") from self.error

@@ -103,6 +103,14 @@ class Engine:
                 self.out_grads[a.index] = t
 
     def run(self, actions: tuple[Action, ...]) -> None:
+        try:
+            self._run(actions)
+        except BaseException:
+            self.comm.close(failed=True)
+            raise
+        self.comm.close()
+
+    def _run(self, actions: tuple[Action, ...]) -> None:
         compute = {Op.F: self.forward, Op.B: self.backward, Op.OPT: self.update}
         for group in p2p_groups(actions):
             a = group[0]
@@ -124,4 +132,3 @@ class Engine:
                 rec.end_time = t1
                 if self.on_step:
                     self.on_step(self.records.pop(step))
-        self.comm.close()

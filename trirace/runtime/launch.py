@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -95,9 +96,10 @@ def _supervise(procs: list[subprocess.Popen], timeout_s: float | None) -> None:
     exits: queue.Queue = queue.Queue()
     for rank, p in enumerate(procs):
         threading.Thread(target=lambda r=rank, p=p: exits.put((r, p.wait())), daemon=True).start()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     for _ in procs:
         try:
-            rank, code = exits.get(timeout=timeout_s)
+            rank, code = exits.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             raise WorkerFailed(f"job did not finish within {timeout_s} s") from None
         if code != 0:

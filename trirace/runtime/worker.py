@@ -46,9 +46,10 @@ def main(argv: list[str]) -> int:
                 part.replace(out / f"result-{i}.json")
     except Exception:
         traceback.print_exc()
-        return 1
-    finally:
-        dist.destroy_process_group()
+        sys.stderr.flush()
+        # Not destroy_process_group: it may wait on work with a peer that is gone.
+        os._exit(1)
+    dist.destroy_process_group()
     return 0
 
 
