@@ -41,7 +41,7 @@ def _add_config_flags(p: argparse.ArgumentParser, model: type[TrainConfig]) -> N
         elif name == "partition":
             kw["metavar"] = "N,N,..."
         elif Path in args:
-            kw["metavar"] = "FILE"
+            kw["metavar"] = "DIR" if name in ("checkpoint_dir", "trace_out") else "FILE"
         p.add_argument(flag, **kw)
 
 

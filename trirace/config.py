@@ -48,6 +48,9 @@ class TrainConfig(BaseModel):
     credit_mb: float | None = Field(None, gt=0, description="bound on all-reduce MiB in flight (default: per policy)")
     autotune: bool = Field(False, description="tune chunk and credit sizes during the first steps")
     trace_out: Path | None = Field(None, description="directory for a Chrome/Perfetto timeline")
+    checkpoint_dir: Path | None = Field(None, description="save checkpoints here")
+    checkpoint_every: int = Field(0, ge=0, description="save after every N steps (0: only after the last)")
+    resume: bool = Field(False, description="continue from the newest complete checkpoint in --checkpoint-dir")
     straggler: tuple[int, float] | None = Field(
         None, description="fault injection: RANK:SECONDS makes that rank sleep after every forward")
     metrics_out: Path | None = Field(None, description="JSON lines, one object per step")
@@ -86,6 +89,8 @@ class TrainConfig(BaseModel):
                 f"2bw needs micro_batches >= pp (got {self.micro_batches} < {self.pp})")
         if self.seq_len is not None and self.seq_len > spec.max_seq_len:
             raise ValueError(f"seq_len {self.seq_len} exceeds {self.model}'s maximum {spec.max_seq_len}")
+        if self.resume and self.checkpoint_dir is None:
+            raise ValueError("resume needs checkpoint_dir")
         if self.autotune and self.comm_policy == "blocking":
             raise ValueError("autotune tunes chunk and credit sizes; the blocking policy has none")
         if self.straggler is not None and not 0 <= self.straggler[0] < self.world_size:

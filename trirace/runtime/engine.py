@@ -53,9 +53,9 @@ class Engine:
     # ------------------------------------------------------------ compute
 
     def _global_index(self, k: int) -> tuple[int, int]:
-        """(step, position in the global batch): replica r owns positions r*m .. r*m+m-1."""
+        """(global step, position in the global batch): replica r owns positions r*m .. r*m+m-1."""
         step, i = divmod(k, self.m)
-        return step, self.g.replica * self.m + i
+        return step + self.model.offset, self.g.replica * self.m + i
 
     def forward(self, k: int) -> None:
         step = self.sched.step_of(k)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from ..config import TrainConfig
 from ..errors import UsageError
+from . import checkpoint
 from .trainer import Trainer, plan_partition, sampler_for
 
 
@@ -52,7 +53,12 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
     """Work done once before spawning: validate the data (and build its token cache) and fix
     the partition, so the workers all load the same cache and cut the same stages."""
     sampler = sampler_for(cfg)
-    return cfg.model_copy(update={"partition": plan_partition(cfg, sampler)})
+    cfg = cfg.model_copy(update={"partition": plan_partition(cfg, sampler)})
+    if cfg.resume:  # a checkpoint of another model or layout: one line now, not a worker's traceback
+        found = checkpoint.latest(cfg.checkpoint_dir, cfg.pp)
+        if found is not None and checkpoint.check(found, checkpoint.identity(cfg, cfg.partition)) + 1 >= cfg.steps:
+            raise UsageError(f"checkpoint {found} already reaches --steps {cfg.steps}; raise --steps to continue")
+    return cfg
 
 
 def run_local(cfgs: list[TrainConfig], world_size: int | None = None, timeout_s: float | None = None,

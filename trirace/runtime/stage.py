@@ -69,8 +69,12 @@ class StageModel:
         w = list(self.module(version).parameters())[param].detach().double().flatten()
         return float((w * torch.arange(1, w.numel() + 1, dtype=torch.float64, device=w.device).sqrt()).sum())
 
+    # A resumed run numbers its steps from 0 again; `offset` (its first global step) keeps
+    # every global weight version in the buffer slot it had when it was saved.
+    offset: int = 0
+
     def _slot(self, version: int) -> int:
-        return version % len(self.versions)
+        return (version + self.offset) % len(self.versions)
 
     def module(self, version: int) -> nn.Module:
         return self.versions[self._slot(version)]

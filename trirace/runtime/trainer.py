@@ -24,6 +24,7 @@ from ..comm.policies import MiB
 from ..obs.timeline import Recorder, write_trace
 from ..plan.schedule import Op, defer_updates
 from .comm import Comm
+from . import checkpoint
 from .engine import BatchFn, Engine, StepRecord
 from .groups import Groups, make_groups
 from ..plan.topology import Topology, choose_rank_order, hierarchical_pays
@@ -99,9 +100,29 @@ class Trainer:
                   f"stages {self.sizes}; hierarchical all-reduce {'on' if self.hierarchy else 'off'} here",
                   file=sys.stderr, flush=True)
         layers = stage_ranges(self.sizes)[self.groups.stage]
-        self.schedule = build_schedule(cfg.schedule, cfg.pp, cfg.micro_batches, cfg.steps)
+        self.ident = checkpoint.identity(cfg, self.sizes)
+        self.first_step, found = 0, None
+        if cfg.resume:
+            found = checkpoint.latest(cfg.checkpoint_dir, cfg.pp)
+            if found is not None:
+                self.first_step = checkpoint.check(found, self.ident) + 1
+            if self.first_step >= cfg.steps:
+                raise UsageError(f"checkpoint {found} already reaches step {self.first_step - 1}; "
+                                 f"raise --steps above {cfg.steps}")
+        self.schedule = build_schedule(cfg.schedule, cfg.pp, cfg.micro_batches, cfg.steps - self.first_step)
         self.model = StageModel(cfg.spec, layers, cfg.seed, n_versions=self.schedule.staleness + 1,
                                 optimizer=cfg.optimizer, lr=cfg.learning_rate, device=self.device)
+        self.model.offset = self.first_step
+        if found is not None:
+            checkpoint.load(found, self.groups.stage, self.model, slot_of=lambda i: i)
+
+    def _maybe_save(self, step: int) -> None:
+        cfg = self.cfg
+        if cfg.checkpoint_dir is None or self.groups.replica != 0:
+            return
+        last = step == cfg.steps - 1
+        if last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0):
+            checkpoint.save(cfg.checkpoint_dir, step, self.groups.stage, self.model, self.ident)
 
     def _hierarchy(self) -> Hierarchy | None:
         """Sub-groups for a hierarchical all-reduce of my stage, where the (agreed) topology
@@ -145,8 +166,12 @@ class Trainer:
                     self.hierarchy if cfg.comm_policy == "trirace" else None, cfg.embedding_comm)
         report = _Reporter(cfg, self.sizes) if g.is_reporter else None
         metrics = _StepMetrics(cfg, g, comm, report, self.sizes, self.model)
+        def on_step(r: StepRecord) -> None:  # r.step counts from this run's first step
+            self._maybe_save(r.step + self.first_step)
+            metrics.step(r)
+
         engine = Engine(schedule, self.model, g, comm, batch_fn(cfg, self.sampler), self.device, rec,
-                        on_step=metrics.step,
+                        on_step=on_step,
                         delay_s=cfg.straggler[1] if cfg.straggler and cfg.straggler[0] == g.rank else 0.0)
         dist.barrier()
         t_start = metrics.last_end = rec.now()
@@ -234,7 +259,7 @@ class _StepMetrics:
         row["partition_mb"] = p.partition_bytes / MiB if p.partition_bytes else None
         row["credit_mb"] = p.credit_bytes / MiB if p.credit_bytes else None
         row["comm_cpu_us_per_transfer"] = 1e6 * v["comm_cpu_s"] / max(v["transfers"], 1)
-        self.report.step(step, end, row)
+        self.report.step(step + self.model.offset, end, row)
 
 
 def _write_trace(out_dir: Path, rec: Recorder, t_start: float) -> None:

@@ -1,0 +1,69 @@
+"""Checkpoint and resume: a resumed 2BW run continues bitwise where an uninterrupted one
+goes, under another policy too, and a torn checkpoint is passed over."""
+
+import pytest
+
+from trirace.config import make_config
+from trirace.runtime import WorkerFailed, run_local
+
+BASE = dict(model="gpt-test", data="synthetic", pp=2, dp=2, micro_batches=3, micro_batch_size=2, seq_len=16,
+            progress=False, balance="params", partition="3,4")
+
+
+def _losses(rows):
+    return {r["step"]: r["loss"] for r in rows}
+
+
+@pytest.mark.parametrize("schedule", ["2bw", "1f1b"])
+def test_resume_is_bitwise_identical(tmp_path, schedule):
+    ck = tmp_path / "ck"
+    full = make_config(BASE, schedule=schedule, steps=7)
+    first = make_config(BASE, schedule=schedule, steps=4, checkpoint_dir=ck, checkpoint_every=2)
+    # Resumed under another policy: the checkpoint does not depend on it.
+    resumed = make_config(BASE, schedule=schedule, steps=7, checkpoint_dir=ck, resume=True, comm_policy="fifo")
+    a, b, c = run_local([full, first, resumed], timeout_s=240)
+    assert (ck / "step-000001").is_dir() and (ck / "step-000003").is_dir()
+    whole, tail = _losses(a), _losses(c)
+    assert sorted(tail) == [4, 5, 6]  # continued after the last checkpoint (step 3)
+    for step, loss in tail.items():
+        assert loss == whole[step], step
+    assert _losses(b) == {s: whole[s] for s in range(4)}
+
+
+def test_torn_checkpoint_is_ignored(tmp_path):
+    ck = tmp_path / "ck"
+    full = make_config(BASE, steps=6)
+    first = make_config(BASE, steps=4, checkpoint_dir=ck, checkpoint_every=2)
+    run_local([first], timeout_s=240)
+    # A writer killed mid-step-3: one stage file missing, a temporary left behind.
+    (ck / "step-000003" / "stage-1.pt").rename(ck / "step-000003" / "stage-1.pt.tmp123")
+    resumed = make_config(BASE, steps=6, checkpoint_dir=ck, resume=True)
+    a, c = run_local([full, resumed], timeout_s=240)
+    tail = _losses(c)
+    assert sorted(tail) == [2, 3, 4, 5]  # from the complete step-1 checkpoint
+    for step, loss in tail.items():
+        assert loss == _losses(a)[step]
+
+
+def test_checkpoint_of_another_layout_is_refused(tmp_path, capsys):
+    from trirace.cli import main
+
+    ck = tmp_path / "ck"
+    run_local([make_config(BASE, steps=2, checkpoint_dir=ck)], timeout_s=240)
+    code = main(["train", "--model", "gpt-test", "--data", "synthetic", "--micro-batches", "3", "--seq-len", "16",
+                 "--micro-batch-size", "2", "--partition", "2,5", "--steps", "4", "--no-progress",
+                 "--checkpoint-dir", str(ck), "--resume"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "is for partition=[3, 4], this run has partition=[2, 5]" in err[0]
+
+
+def test_nothing_left_to_do_is_an_error(tmp_path):
+    from trirace.errors import UsageError
+
+    ck = tmp_path / "ck"
+    run_local([make_config(BASE, steps=2, checkpoint_dir=ck)], timeout_s=240)
+    with pytest.raises(UsageError, match="already reaches --steps 2"):
+        run_local([make_config(BASE, steps=2, checkpoint_dir=ck, resume=True)], timeout_s=240)
+    with pytest.raises(UsageError, match="resume needs checkpoint_dir"):
+        make_config(BASE, resume=True)
