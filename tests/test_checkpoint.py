@@ -67,3 +67,33 @@ def test_nothing_left_to_do_is_an_error(tmp_path):
         run_local([make_config(BASE, steps=2, checkpoint_dir=ck, resume=True)], timeout_s=240)
     with pytest.raises(UsageError, match="resume needs checkpoint_dir"):
         make_config(BASE, resume=True)
+
+
+@pytest.mark.parametrize("rank, step", [(0, 1), (3, 2), (1, 3)])
+def test_a_killed_rank_stops_the_job_without_a_hang(rank, step):
+    """One rank of four dies mid-step: the job ends promptly, naming the rank and the step."""
+    import time
+
+    cfg = make_config(BASE, steps=6, kill=f"{rank}:{step}", fail_timeout_s=30)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailed, match=f"rank {rank} was killed by signal 9 during step {step}"):
+        run_local([cfg], timeout_s=120)
+    assert time.monotonic() - t0 < 60
+
+
+def test_a_stalled_peer_times_out_under_torchrun(tmp_path):
+    """Without the local supervisor (torchrun, where each rank is on its own), the others give
+    up after fail_timeout_s and say where they stopped. Rank 2 stalls: a 60 s straggler."""
+    import subprocess
+    import sys
+    import time
+
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                        "-m", "trirace", "train", "--model", "gpt-test", "--data", "synthetic", "--seq-len", "16",
+                        "--micro-batch-size", "2", "--micro-batches", "3", "--balance", "params", "--steps", "4",
+                        "--no-progress", "--straggler", "2:60", "--fail-timeout-s", "5"],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode != 0
+    assert time.monotonic() - t0 < 90
+    assert "stopped during step" in p.stderr

@@ -40,6 +40,17 @@ def _bad(capsys, tmp_path, *argv):
     (["--partition", "7", "--model", "gpt-test"], "partition lists 1 stages"),
     (["--seq-len", "4096", "--model", "gpt-test"], "exceeds"),
     (["--no-such-flag"], "unrecognized arguments"),
+    (["--straggler", "fast"], "expected RANK:VALUE"),
+    (["--kill", "9:1"], "kill rank 9 is outside"),
+    (["--resume"], "resume needs checkpoint_dir"),
+    (["--topology", "/no/such/topology.yaml"], "topology file not found"),
+    (["--autotune", "--comm-policy", "blocking"], "blocking policy has none"),
+    (["--partition-mb", "0"], "partition_mb"),
+    (["--embedding-comm", "carrier-pigeon"], "invalid choice"),
+    (["--rank-order", "random"], "invalid choice"),
+    (["--micro-batch-size", "0"], "micro_batch_size"),
+    (["--lr", "-1"], "lr"),
+    (["--fail-timeout-s", "0"], "fail_timeout_s"),
 ])
 def test_bad_flags(capsys, tmp_path, argv, needle):
     assert needle in _bad(capsys, tmp_path, *argv)
@@ -60,6 +71,12 @@ def test_bad_yaml(capsys, tmp_path, text, needle):
     f = tmp_path / "c.yaml"
     f.write_text(text)
     assert needle in _bad(capsys, tmp_path, "--config", str(f))
+
+
+def test_topology_that_does_not_match_the_job(capsys, tmp_path):
+    f = tmp_path / "t.yaml"
+    f.write_text("nodes: 3\nranks_per_node: 2\n")
+    assert "topology has 3 x 2 = 6 ranks but the job has 4" in _bad(capsys, tmp_path, "--topology", str(f))
 
 
 def test_missing_config_file(capsys, tmp_path):

@@ -109,8 +109,7 @@ def test_topology_must_match_the_job(tmp_path):
     topo = tmp_path / "topo.yaml"
     topo.write_text("nodes: 3\nranks_per_node: 2\n")
     cfg = make_config(dict(model="gpt-test", data="synthetic", steps=1, progress=False, topology=topo))
-    from trirace.runtime import WorkerFailed
-    with pytest.raises(WorkerFailed):
+    with pytest.raises(UsageError, match="topology has 3 x 2 = 6 ranks but the job has 4"):
         run_local([cfg], timeout_s=120)
 
 

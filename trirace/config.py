@@ -51,6 +51,8 @@ class TrainConfig(BaseModel):
     checkpoint_dir: Path | None = Field(None, description="save checkpoints here")
     checkpoint_every: int = Field(0, ge=0, description="save after every N steps (0: only after the last)")
     resume: bool = Field(False, description="continue from the newest complete checkpoint in --checkpoint-dir")
+    fail_timeout_s: float = Field(60.0, gt=0, description="a rank waiting this long on a peer gives up (exit non-zero)")
+    kill: tuple[int, int] | None = Field(None, description="fault injection: RANK:STEP kills that rank when the step starts")
     straggler: tuple[int, float] | None = Field(
         None, description="fault injection: RANK:SECONDS makes that rank sleep after every forward")
     metrics_out: Path | None = Field(None, description="JSON lines, one object per step")
@@ -68,14 +70,14 @@ class TrainConfig(BaseModel):
     def _split_partition(cls, v: Any) -> Any:
         return [int(x) for x in v.split(",")] if isinstance(v, str) else v
 
-    @field_validator("straggler", mode="before")
+    @field_validator("straggler", "kill", mode="before")
     @classmethod
-    def _split_straggler(cls, v: Any) -> Any:
+    def _split_pair(cls, v: Any) -> Any:
         if isinstance(v, str):
-            rank, sep, secs = v.partition(":")
+            rank, sep, value = v.partition(":")
             if not sep:
-                raise ValueError("expected RANK:SECONDS, e.g. 1:0.05")
-            return (rank, secs)
+                raise ValueError("expected RANK:VALUE, e.g. 1:0.05")
+            return (rank, value)
         return v
 
     @model_validator(mode="after")
@@ -93,8 +95,9 @@ class TrainConfig(BaseModel):
             raise ValueError("resume needs checkpoint_dir")
         if self.autotune and self.comm_policy == "blocking":
             raise ValueError("autotune tunes chunk and credit sizes; the blocking policy has none")
-        if self.straggler is not None and not 0 <= self.straggler[0] < self.world_size:
-            raise ValueError(f"straggler rank {self.straggler[0]} is outside the {self.world_size} ranks")
+        for name, pair in (("straggler", self.straggler), ("kill", self.kill)):
+            if pair is not None and not 0 <= pair[0] < self.world_size:
+                raise ValueError(f"{name} rank {pair[0]} is outside the {self.world_size} ranks")
         if self.partition is not None:
             try:
                 check_sizes(self.partition, n_layers, self.pp)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from datetime import timedelta
 from collections import defaultdict, deque
 from collections.abc import Callable
 
@@ -34,8 +35,9 @@ class _Reaper(threading.Thread):
     Work has no future to attach a callback to; a thread blocked in wait() (outside the
     GIL) is the event-driven equivalent, with no polling."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, timeout: timedelta):
         super().__init__(name=name, daemon=True)
+        self.timeout = timeout
         self.q: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
         self.start()
@@ -47,7 +49,7 @@ class _Reaper(threading.Thread):
         while (item := self.q.get()) is not None:
             work, _tensor, done = item
             try:
-                work.wait()
+                work.wait(self.timeout)
             except BaseException as e:  # noqa: BLE001 - surfaced by close()
                 self.error = self.error or e
             try:
@@ -65,7 +67,7 @@ class _Reaper(threading.Thread):
 class _Done:
     """The Work of a collective already completed on the launcher thread."""
 
-    def wait(self) -> bool:
+    def wait(self, timeout: timedelta | None = None) -> bool:
         return True
 
     def get_future(self) -> torch.futures.Future:
@@ -129,9 +131,11 @@ class Comm:
     def __init__(self, policy: Policy, schedule: Schedule, groups: Groups, model: StageModel,
                  activation_shape: tuple[int, ...], device: torch.device, recorder: Recorder,
                  tuner: Tuner | None = None, topology: Topology | None = None,
-                 hierarchy: Hierarchy | None = None, embedding_method: str = "dense"):
+                 hierarchy: Hierarchy | None = None, embedding_method: str = "dense", timeout_s: float = 60.0):
         self.policy, self.sched, self.g, self.model = policy, schedule, groups, model
         self.tuner = tuner
+        # gloo applies its timeout to collectives but not to P2P waits: every wait here has one.
+        self.timeout = timedelta(seconds=timeout_s)
         self.topo = topology or single_node(groups.layout.world_size)
         self.links = LinkEstimates(self.topo)
         self.hierarchy = hierarchy  # set when the policy and topology call for it
@@ -144,7 +148,8 @@ class Comm:
         self.stats = CommStats()
         self.scheduler = CommScheduler(policy, self.topo.group_link(groups.layout.dp_group(groups.stage)))
         self.cond = threading.Condition()
-        self.reapers = {op: _Reaper(f"trirace-send-{op.value}") for op in (Op.SF, Op.SB)} if not policy.blocking else {}
+        self.reapers = ({op: _Reaper(f"trirace-send-{op.value}", self.timeout) for op in (Op.SF, Op.SB)}
+                        if not policy.blocking else {})
         self.chunk_works: dict[Chunk, dist.Work] = {}
         self.done_chunks: set[Chunk] = set()
         self.step_chunks: dict[int, list[Chunk]] = {}
@@ -218,7 +223,7 @@ class Comm:
             works = [self._isend(a, t) for a, t in sends]
             t0 = time.perf_counter()
             for w in works:
-                w.wait()
+                w.wait(self.timeout)
             out = {a: self._wait_recv(a) for a in recvs}
             step = self.sched.step_of((sends[0][0] if sends else recvs[0]).index)
             self.stats.add(step, kind=Kind.P2P.value, exposed_s=time.perf_counter() - t0)
@@ -234,7 +239,7 @@ class Comm:
         if not self.policy.blocking:
             with self.cond:
                 self.scheduler.p2p_started(link)  # a stage is waiting on this link now
-        work.wait()
+        work.wait(self.timeout)
         if not self.policy.blocking:
             with self.cond:
                 self.scheduler.p2p_finished(link)
@@ -384,13 +389,16 @@ class Comm:
                 with self.cond:
                     self.scheduler.deadline(step)
                     self.cond.notify_all()
-                    self.cond.wait_for(lambda: self.error is not None or all(c in self.done_chunks for c in chunks))
+                    if not self.cond.wait_for(lambda: self.error is not None or all(c in self.done_chunks for c in chunks),
+                                              timeout=self.timeout.total_seconds()):
+                        raise TimeoutError(f"step {step}'s gradient reduction made no progress in "
+                                           f"{self.timeout.total_seconds():.0f} s")
                     if self.error is not None:
                         raise RuntimeError("communication launcher failed") from self.error
                     works = [self.chunk_works.pop(c) for c in chunks]
                     self.done_chunks.difference_update(chunks)
                 for w in works:
-                    w.wait()
+                    w.wait(self.timeout)
                 self.pending_params.pop(step, None)
             del self.step_chunks[step]
             flat /= self.g.layout.dp
@@ -413,7 +421,7 @@ class Comm:
         if step in self.tie_works:
             work, _ = self.tie_works.pop(step)
             t0 = time.perf_counter()
-            work.wait()
+            work.wait(self.timeout)
             self.stats.add(step, kind=Kind.ALLREDUCE.value, exposed_s=time.perf_counter() - t0)
 
 

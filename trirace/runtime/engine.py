@@ -7,6 +7,8 @@ step (losses, when its OPT ran) feeds the metrics.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,10 +39,14 @@ class StepRecord:
 class Engine:
     def __init__(self, schedule: Schedule, model: StageModel, groups: Groups, comm: Comm, batch: BatchFn,
                  device: torch.device, recorder: Recorder,
-                 on_step: Callable[[StepRecord], None] | None = None, delay_s: float = 0.0):
+                 on_step: Callable[[StepRecord], None] | None = None, delay_s: float = 0.0,
+                 kill_step: int | None = None):
         self.sched, self.model, self.g, self.comm, self.batch = schedule, model, groups, comm, batch
         self.device, self.rec, self.on_step = device, recorder, on_step
         self.delay_s = delay_s  # an injected straggler: extra time after every forward
+        self.kill_step = kill_step  # an injected crash: this process dies when that step starts
+        self.step_now = -1  # the global step of the latest forward, for failure messages
+        self.progress = os.environ.get("TRIRACE_PROGRESS_FILE")
         self.m = schedule.micro_batches
         self.inputs: dict[int, torch.Tensor] = {}  # received activation (requires grad)
         self.outputs: dict[int, torch.Tensor] = {}  # stage output, or the scaled loss on the last stage
@@ -59,6 +65,14 @@ class Engine:
 
     def forward(self, k: int) -> None:
         step = self.sched.step_of(k)
+        if step + self.model.offset != self.step_now:
+            self.step_now = step + self.model.offset
+            if self.progress:  # the local launcher names the step a dead rank was in
+                with open(self.progress + ".tmp", "w") as f:
+                    f.write(str(self.step_now))
+                os.replace(self.progress + ".tmp", self.progress)
+        if self.step_now == self.kill_step:
+            os.kill(os.getpid(), signal.SIGKILL)
         module = self.model.module(self.sched.version_of_step(step))
         x = self.batch(*self._global_index(k))[0].to(self.device) if self.model.is_first else self.inputs[k]
         y = module(x)

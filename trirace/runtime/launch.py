@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -19,8 +20,9 @@ import torch.distributed as dist
 
 from ..config import TrainConfig
 from ..errors import UsageError
+from ..plan.topology import load_topology
 from . import checkpoint
-from .trainer import Trainer, plan_partition, sampler_for
+from .trainer import RankFailed, Trainer, plan_partition, sampler_for
 
 
 class WorkerFailed(RuntimeError):
@@ -41,17 +43,24 @@ def train(cfg: TrainConfig) -> list[dict] | None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend)
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.checkpoint_dir is not None:
+            cfg = cfg.model_copy(update={"resume": True})  # restarted by torchrun: go on from the checkpoint
+        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.fail_timeout_s))
         try:
-            return Trainer(cfg).run()
-        finally:
-            dist.destroy_process_group()
+            rows = Trainer(cfg).run()
+        except RankFailed as e:
+            print(f"trirace: {e}", file=sys.stderr, flush=True)
+            os._exit(1)  # not destroy_process_group: it may wait on a dead peer
+        dist.destroy_process_group()
+        return rows
     return run_local([cfg])[0]
 
 
 def prepare(cfg: TrainConfig) -> TrainConfig:
     """Work done once before spawning: validate the data (and build its token cache) and fix
     the partition, so the workers all load the same cache and cut the same stages."""
+    if cfg.topology is not None:
+        load_topology(cfg.topology).check(cfg.world_size)
     sampler = sampler_for(cfg)
     cfg = cfg.model_copy(update={"partition": plan_partition(cfg, sampler)})
     if cfg.resume:  # a checkpoint of another model or layout: one line now, not a worker's traceback
@@ -84,9 +93,10 @@ def run_local(cfgs: list[TrainConfig], world_size: int | None = None, timeout_s:
             for r in range(world_size):
                 cmd = [*(rank_command(r) if rank_command else []), sys.executable, "-m", "trirace.runtime.worker",
                        str(jobs), str(r), str(world_size), str(Path(tmp) / "store"), tmp]
-                env = {**os.environ, **(rank_env(r) if rank_env else {})}
+                env = {**os.environ, **(rank_env(r) if rank_env else {}),
+                       "TRIRACE_PROGRESS_FILE": str(Path(tmp) / f"progress-{r}")}
                 procs.append(subprocess.Popen(cmd, env=env))
-            _supervise(procs, timeout_s)
+            _supervise(procs, timeout_s, Path(tmp))
         finally:
             _stop(procs)
         out = []
@@ -96,7 +106,7 @@ def run_local(cfgs: list[TrainConfig], world_size: int | None = None, timeout_s:
         return out
 
 
-def _supervise(procs: list[subprocess.Popen], timeout_s: float | None) -> None:
+def _supervise(procs: list[subprocess.Popen], timeout_s: float | None, tmp: Path) -> None:
     """Wait for all workers; the first to fail stops the rest (no hung survivors). One
     waiting thread per worker turns exits into queue events: nothing polls."""
     exits: queue.Queue = queue.Queue()
@@ -109,7 +119,10 @@ def _supervise(procs: list[subprocess.Popen], timeout_s: float | None) -> None:
         except queue.Empty:
             raise WorkerFailed(f"job did not finish within {timeout_s} s") from None
         if code != 0:
-            raise WorkerFailed(f"rank {rank} exited with status {code}")
+            done = tmp / f"progress-{rank}"  # the step of its latest forward
+            step = int(done.read_text()) if done.exists() else 0
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+            raise WorkerFailed(f"rank {rank} {how} during step {step}; stopped the other ranks")
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:

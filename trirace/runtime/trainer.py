@@ -72,6 +72,10 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
+class RankFailed(RuntimeError):
+    """This rank could not go on (usually: a peer died or stalled past the timeout)."""
+
+
 class Trainer:
     """Runs `cfg` on the default process group, whose size must be pp * dp.
 
@@ -163,7 +167,8 @@ class Trainer:
         shape = (cfg.micro_batch_size, cfg.tokens_seq, cfg.spec.d_model)
         tuner = Tuner(policy, lag=_StepMetrics.LAG) if cfg.autotune else None
         comm = Comm(policy, schedule, g, self.model, shape, self.device, rec, tuner, self.topology,
-                    self.hierarchy if cfg.comm_policy == "trirace" else None, cfg.embedding_comm)
+                    self.hierarchy if cfg.comm_policy == "trirace" else None, cfg.embedding_comm,
+                    cfg.fail_timeout_s)
         report = _Reporter(cfg, self.sizes) if g.is_reporter else None
         metrics = _StepMetrics(cfg, g, comm, report, self.sizes, self.model)
         def on_step(r: StepRecord) -> None:  # r.step counts from this run's first step
@@ -172,12 +177,19 @@ class Trainer:
 
         engine = Engine(schedule, self.model, g, comm, batch_fn(cfg, self.sampler), self.device, rec,
                         on_step=on_step,
-                        delay_s=cfg.straggler[1] if cfg.straggler and cfg.straggler[0] == g.rank else 0.0)
+                        delay_s=cfg.straggler[1] if cfg.straggler and cfg.straggler[0] == g.rank else 0.0,
+                        kill_step=cfg.kill[1] if cfg.kill and cfg.kill[0] == g.rank else None)
+        self.engine = engine
         dist.barrier()
         t_start = metrics.last_end = rec.now()
         if report:
             report.start(t_start)
-        engine.run(schedule.actions[g.stage])
+        try:
+            engine.run(schedule.actions[g.stage])
+        except Exception as e:  # a peer died or stalled: say who and where, then fail
+            raise RankFailed(f"rank {g.rank} (stage {g.stage}, replica {g.replica}) stopped during step "
+                             f"{max(engine.step_now, 0)}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                             ) from e
         metrics.flush()
         if cfg.trace_out is not None:
             _write_trace(cfg.trace_out, rec, t_start)

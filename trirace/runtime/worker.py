@@ -11,13 +11,14 @@ import json
 import os
 import sys
 import traceback
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ..config import TrainConfig
-from .trainer import Trainer
+from .trainer import RankFailed, Trainer
 
 
 def run_job(system: str, cfg: TrainConfig) -> list[dict] | None:
@@ -36,7 +37,8 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     os.environ.setdefault("LOCAL_RANK", str(rank))
     jobs = json.loads(Path(jobs_file).read_text())
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    timeout = timedelta(seconds=jobs[0]["config"].get("fail_timeout_s", 60.0))
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timeout)
     try:
         for i, job in enumerate(jobs):
             rows = run_job(job["system"], TrainConfig(**job["config"]))
@@ -44,6 +46,9 @@ def main(argv: list[str]) -> int:
                 part = out / f"result-{i}.json.part"
                 part.write_text(json.dumps(rows))
                 part.replace(out / f"result-{i}.json")
+    except RankFailed as e:
+        print(f"trirace: {e}", file=sys.stderr, flush=True)
+        os._exit(1)
     except Exception:
         traceback.print_exc()
         sys.stderr.flush()
