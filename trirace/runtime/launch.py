@@ -45,7 +45,14 @@ def train(cfg: TrainConfig) -> list[dict] | None:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.checkpoint_dir is not None:
             cfg = cfg.model_copy(update={"resume": True})  # restarted by torchrun: go on from the checkpoint
-        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.fail_timeout_s))
+        timeout = timedelta(seconds=cfg.fail_timeout_s)
+        # Keys of a failed attempt stay in torchrun's store; a fresh prefix per restart keeps
+        # the new attempt's gloo mesh from dialling the old attempt's (dead) addresses.
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timeout)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"trirace/attempt-{attempt}", store),
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
         try:
             rows = Trainer(cfg).run()
         except RankFailed as e:

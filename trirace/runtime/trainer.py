@@ -72,6 +72,11 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
+def _restarted() -> bool:
+    """torchrun restarted this job: injected faults fire only in its first attempt."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+
 class RankFailed(RuntimeError):
     """This rank could not go on (usually: a peer died or stalled past the timeout)."""
 
@@ -178,7 +183,7 @@ class Trainer:
         engine = Engine(schedule, self.model, g, comm, batch_fn(cfg, self.sampler), self.device, rec,
                         on_step=on_step,
                         delay_s=cfg.straggler[1] if cfg.straggler and cfg.straggler[0] == g.rank else 0.0,
-                        kill_step=cfg.kill[1] if cfg.kill and cfg.kill[0] == g.rank else None)
+                        kill_step=cfg.kill[1] if cfg.kill and cfg.kill[0] == g.rank and not _restarted() else None)
         self.engine = engine
         dist.barrier()
         t_start = metrics.last_end = rec.now()
@@ -221,7 +226,7 @@ class _StepMetrics:
         self.last_end = rec.end_time
         method = self.METHODS.index(st["embedding_method"]) + 1 if st["embedding_method"] else 0
         nf, world = len(self.FIELDS), self.cfg.world_size
-        vec = torch.zeros(nf + 2 * world, dtype=torch.float64)
+        vec = torch.zeros(nf + 3 * world, dtype=torch.float64)
         vec[:nf] = torch.tensor([loss, exposed.get("p2p", 0.0), exposed.get("allreduce", 0.0),
                                  exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s,
                                  window, st["embedding_bytes"], method], dtype=torch.float64)
@@ -229,6 +234,7 @@ class _StepMetrics:
         vec[nf + self.g.rank] = rec.compute_cpu_s
         if self.model.tied is not None:
             vec[nf + world + self.g.rank] = self.model.checksum(rec.step + 1, self.model.tied)
+        vec[nf + 2 * world + self.g.rank] = _rss_mb()
         work = dist.all_reduce(vec, group=self.g.world, async_op=True)
         self.pending.append((rec.step, rec.end_time, vec, work))
         while len(self.pending) > self.LAG:
@@ -244,7 +250,8 @@ class _StepMetrics:
         v = dict(zip(self.FIELDS, vec.tolist()))
         nf = len(self.FIELDS)
         per_rank = vec[nf:nf + world].tolist()
-        tied = vec[nf + world:].tolist()
+        tied = vec[nf + world:nf + 2 * world].tolist()
+        rss = vec[nf + 2 * world:].tolist()
         if self.comm.tuner:  # the same numbers on every rank: the same decision everywhere
             self.comm.tuner.observe(step, v["step_time_s"] / world)
         if self.report is None:
@@ -254,6 +261,7 @@ class _StepMetrics:
         for k in ("exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s"):
             row[k] = v[k] / world  # mean per rank
         row["rank_compute_cpu_s"] = per_rank
+        row["rank_rss_mb"] = rss
         for cls in ("intra", "inter"):  # probed at start-up, and achieved since (this rank's view)
             row[f"{cls}_probed_MBps"] = self.comm.topo.link(cls).bytes_per_s / 1e6
             row[f"{cls}_achieved_MBps"] = self.comm.links.bytes_per_s[cls] / 1e6
@@ -272,6 +280,15 @@ class _StepMetrics:
         row["credit_mb"] = p.credit_bytes / MiB if p.credit_bytes else None
         row["comm_cpu_us_per_transfer"] = 1e6 * v["comm_cpu_s"] / max(v["transfers"], 1)
         self.report.step(step + self.model.offset, end, row)
+
+
+def _rss_mb() -> float:
+    """Resident memory of this process (Linux /proc; 0 where it is not available)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError):
+        return 0.0
 
 
 def _write_trace(out_dir: Path, rec: Recorder, t_start: float) -> None:
