@@ -217,7 +217,7 @@ def defer_updates(sched: Schedule, ops: tuple[Op, ...] = (Op.AR, Op.OPT)) -> Sch
 
 def validate(sched: Schedule) -> None:
     """Raise ScheduleError naming the first problem; return quietly if the schedule is sound."""
-    d, m, n = sched.n_stages, sched.micro_batches, sched.steps
+    d, m = sched.n_stages, sched.micro_batches
     if sched.kind not in KINDS:
         raise ScheduleError(f"unknown schedule {sched.kind!r}; choose from {', '.join(KINDS)}")
     if sched.kind == "2bw" and m < d:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -15,7 +14,7 @@ from tqdm import tqdm
 from ..config import TrainConfig
 from ..data import BatchSampler, load_tokens
 from ..errors import UsageError
-from ..models import layer_names, layer_param_counts
+from ..models import layer_param_counts
 from ..plan import Layout, balance, build_schedule, stage_ranges
 from ..comm import make_policy
 from ..comm.policies import sized_for_link
@@ -184,7 +183,6 @@ class Trainer:
                         on_step=on_step,
                         delay_s=cfg.straggler[1] if cfg.straggler and cfg.straggler[0] == g.rank else 0.0,
                         kill_step=cfg.kill[1] if cfg.kill and cfg.kill[0] == g.rank and not _restarted() else None)
-        self.engine = engine
         dist.barrier()
         t_start = metrics.last_end = rec.now()
         if report:
