@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trirace.comm.sparse import (METHODS, breakdown, choose, crossovers, estimate, expected_union, owner_of,
+from trirace.comm.sparse import (METHODS, SPARSE_BYTE_COST, breakdown, choose, crossovers, estimate, expected_union, owner_of,
                                  owner_range)
 
 WORLD = 4
@@ -189,13 +189,16 @@ def test_formulas_on_known_numbers():
     assert estimate("dense", n, v, d, k, alpha_s=a, bytes_per_s=bw) == pytest.approx((60000, 6 * a + 60000 / bw))
     ag = 3 * 8 + 3 * k * rec
     assert ag == 14424
-    assert estimate("allgather", n, v, d, k, alpha_s=a, bytes_per_s=bw) == pytest.approx((ag, 6 * a + ag / bw))
+    c3 = SPARSE_BYTE_COST  # the sparse methods' local work per shipped byte
+    assert estimate("allgather", n, v, d, k, alpha_s=a, bytes_per_s=bw) == pytest.approx((ag, 6 * a + c3 * ag / bw))
+    assert estimate("allgather", n, v, d, k, alpha_s=a, bytes_per_s=bw, sparse_byte_cost=1.0)[1] == \
+        pytest.approx(6 * a + ag / bw)
     # Full overlap (union = k): 2 count exchanges + 3/4 k records out + 3 x k/4 records back.
     a2a = 2 * 3 * 8 + 0.75 * k * rec + 3 * 25 * rec
     assert a2a == 7248
     c = breakdown("alltoall", n, v, d, k, alpha_s=a, bytes_per_s=bw, rows_union=k)
     assert (c.bytes_per_worker, c.seconds, c.collectives, c.latency_steps) == \
-        pytest.approx((a2a, 12 * a + a2a / bw, 4, 12))
+        pytest.approx((a2a, 12 * a + c3 * a2a / bw, 4, 12))
     # Default union: independent touches; imbalance scales the largest owner's share.
     u = expected_union(n, v, k)
     assert u == pytest.approx(1000 * (1 - 0.9 ** 4))

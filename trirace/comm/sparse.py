@@ -8,7 +8,8 @@ Notation: N workers, V rows of width d, k rows touched on a replica (the maximum
 replicas: every padded buffer is sized by it), e value bytes, i index bytes (int64: 8),
 R = d*e + i bytes per shipped (index, row) record.
 
-Alpha-beta model: seconds = latency_steps * alpha + bytes / bandwidth, with a ring /
+Alpha-beta model: seconds = latency_steps * alpha + c * bytes / bandwidth (c = 1 for dense,
+SPARSE_BYTE_COST for the sparse methods' local work per byte), with a ring /
 pairwise collective over N workers taking N-1 latency steps (ring all-reduce: 2(N-1)).
 Bytes are what one worker puts on the wire.
 
@@ -38,6 +39,11 @@ METHODS = ("dense", "allgather", "alltoall")
 ALPHA_S = 10e-6
 BYTES_PER_S = 12.5e9
 INDEX_BYTES = 8
+# Local work per byte a sparse method ships (packing, padding, scatter-add, and gloo's
+# all_gather/all_to_all being slower per byte than its all-reduce), relative to one byte of
+# a dense all-reduce. Measured here (docs/bench/sparse.md): at 20% density allgather sent
+# 2.5x fewer bytes than dense and still took 1.3x longer, about 3.3x the cost per byte.
+SPARSE_BYTE_COST = 3.0
 
 T = TypeVar("T")
 
@@ -55,7 +61,8 @@ class SparseCost:
 
 def breakdown(method: str, n_workers: int, vocab: int, dim: int, rows_touched: int, elem_bytes: int = 4,
               alpha_s: float = ALPHA_S, bytes_per_s: float = BYTES_PER_S, index_bytes: int = INDEX_BYTES,
-              rows_union: float | None = None, imbalance: float = 1.0) -> SparseCost:
+              rows_union: float | None = None, imbalance: float = 1.0,
+              sparse_byte_cost: float = SPARSE_BYTE_COST) -> SparseCost:
     """The model's cost of `method` (formulas in the module docstring)."""
     n, v, d, k = n_workers, vocab, dim, min(rows_touched, vocab)
     if n < 1 or v < 1 or d < 1 or k < 0:
@@ -72,7 +79,8 @@ def breakdown(method: str, n_workers: int, vocab: int, dim: int, rows_touched: i
         colls, steps = 4, 4 * (n - 1)
     else:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-    return SparseCost(method, nbytes, steps * alpha_s + nbytes / bytes_per_s, colls, steps)
+    per_byte = 1.0 if method == "dense" else sparse_byte_cost
+    return SparseCost(method, nbytes, steps * alpha_s + per_byte * nbytes / bytes_per_s, colls, steps)
 
 
 def estimate(method: str, n_workers: int, vocab: int, dim: int, rows_touched: int, elem_bytes: int = 4,
