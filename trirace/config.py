@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import ConfigError, UsageError
 from .yamlfile import read_mapping
-from .models import PRESETS, ModelSpec, layer_names
-from .plan.partition import check_sizes
+from .models import PRESETS, ModelSpec, layer_names, layer_param_counts
+from .plan.partition import check_sizes, stage_sums
 
 
 class TrainConfig(BaseModel):
@@ -122,6 +122,20 @@ class TrainConfig(BaseModel):
     @property
     def learning_rate(self) -> float:
         return self.lr if self.lr is not None else (1e-3 if self.optimizer == "adam" else 0.1)
+
+    @property
+    def activation_shape(self) -> tuple[int, int, int]:
+        """What crosses a pipeline link per micro-batch, forward (and its gradient back)."""
+        return (self.micro_batch_size, self.tokens_seq, self.spec.d_model)
+
+    @property
+    def activation_bytes(self) -> int:
+        b, s, d = self.activation_shape
+        return 4 * b * s * d
+
+    def stage_grad_bytes(self, partition: list[int]) -> list[int]:
+        """Bytes of each stage's gradient (fp32) under a partition."""
+        return [4 * n for n in stage_sums(layer_param_counts(self.spec), partition)]
 
     @property
     def tokens_per_step(self) -> int:

@@ -19,8 +19,7 @@ from pathlib import Path
 
 from ..config import TrainConfig
 from ..errors import UsageError
-from ..models import layer_param_counts
-from ..plan import Layout, stage_ranges
+from ..plan import Layout
 from ..plan.bounds import Bound, link_bytes, lower_bound
 from ..plan.topology import DEFAULT_INTRA, Link, Topology, parse_rate
 from ..runtime import run_local
@@ -145,10 +144,8 @@ def _bound(cfg: TrainConfig, topo: Topology, rows: list[dict]) -> Bound:
     bytes every link must carry under the run's layout."""
     world = cfg.world_size
     per_rank = [statistics.median(r["rank_compute_cpu_s"][i] for r in rows) for i in range(world)]
-    counts = layer_param_counts(cfg.spec)
-    grads = [4 * sum(counts[r.start:r.stop]) for r in stage_ranges(cfg.partition)]
-    act = 4 * cfg.micro_batch_size * cfg.tokens_seq * cfg.spec.d_model
-    load = link_bytes(Layout(cfg.pp, cfg.dp, cfg.rank_order), topo, cfg.micro_batches, act, grads)
+    load = link_bytes(Layout(cfg.pp, cfg.dp, cfg.rank_order), topo, cfg.micro_batches, cfg.activation_bytes,
+                      cfg.stage_grad_bytes(cfg.partition))
     return lower_bound(per_rank, os.cpu_count() or 1, load, topo)
 
 

@@ -59,7 +59,12 @@ def stage_ranges(sizes: list[int]) -> list[range]:
     return out
 
 
+def stage_sums(costs: list[float], sizes: list[int]) -> list[float]:
+    """Per-layer costs (time, parameters, bytes) summed per stage."""
+    return [sum(costs[r.start:r.stop]) for r in stage_ranges(sizes)]
+
+
 def imbalance(costs: list[float], sizes: list[int]) -> float:
     """Heaviest stage over the mean stage: 1.0 is perfect balance."""
-    sums = [sum(costs[r.start:r.stop]) for r in stage_ranges(sizes)]
+    sums = stage_sums(costs, sizes)
     return max(sums) / (sum(sums) / len(sums)) if sum(sums) else 1.0

@@ -79,11 +79,25 @@ def check(d: Path, ident: dict) -> int:
     return int(meta["step"])
 
 
-def load(d: Path, stage: int, model: StageModel, slot_of) -> None:
-    """Restore a stage; `slot_of(i)` maps a saved buffer to where this run keeps it."""
+def resume_point(cfg: TrainConfig, partition: list[int]) -> tuple[Path | None, int]:
+    """(checkpoint to load, first global step to run) for `cfg`: (None, 0) unless resuming."""
+    if not cfg.resume:
+        return None, 0
+    found = latest(cfg.checkpoint_dir, cfg.pp)
+    if found is None:
+        return None, 0
+    first = check(found, identity(cfg, partition)) + 1
+    if first >= cfg.steps:
+        raise UsageError(f"checkpoint {found} already reaches --steps {cfg.steps}; raise --steps to continue")
+    return found, first
+
+
+def load(d: Path, stage: int, model: StageModel) -> None:
+    """Restore a stage. Buffers go back to the slots they were saved from: the resumed
+    model's `offset` keeps every global version in its original slot."""
     state = torch.load(d / f"stage-{stage}.pt", weights_only=True, map_location="cpu")
-    for i, sd in enumerate(state["versions"]):
-        model.versions[slot_of(i)].load_state_dict(sd)
+    for module, sd in zip(model.versions, state["versions"]):
+        module.load_state_dict(sd)
     with torch.no_grad():
         for m, saved in zip(model.master, state["master"]):
             m.copy_(saved)

@@ -70,10 +70,7 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
         load_topology(cfg.topology).check(cfg.world_size)
     sampler = sampler_for(cfg)
     cfg = cfg.model_copy(update={"partition": plan_partition(cfg, sampler)})
-    if cfg.resume:  # a checkpoint of another model or layout: one line now, not a worker's traceback
-        found = checkpoint.latest(cfg.checkpoint_dir, cfg.pp)
-        if found is not None and checkpoint.check(found, checkpoint.identity(cfg, cfg.partition)) + 1 >= cfg.steps:
-            raise UsageError(f"checkpoint {found} already reaches --steps {cfg.steps}; raise --steps to continue")
+    checkpoint.resume_point(cfg, cfg.partition)  # a bad checkpoint: one line now, not a worker's traceback
     return cfg
 
 

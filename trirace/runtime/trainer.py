@@ -57,11 +57,8 @@ def rank_order(cfg: TrainConfig, topo: Topology, sizes: list[int]) -> str:
     """The placement: as configured, or whichever keeps the heavier traffic inside nodes."""
     if cfg.rank_order != "auto":
         return cfg.rank_order
-    act = cfg.micro_batch_size * cfg.tokens_seq * cfg.spec.d_model * 4
-    p2p = 2 * cfg.micro_batches * act  # a middle stage sends activations and gradients
-    counts = layer_param_counts(cfg.spec)
-    heaviest = max(sum(counts[r.start:r.stop]) for r in stage_ranges(sizes))
-    allreduce = 2 * (cfg.dp - 1) / cfg.dp * heaviest * 4
+    p2p = 2 * cfg.micro_batches * cfg.activation_bytes  # a middle stage sends activations and gradients
+    allreduce = 2 * (cfg.dp - 1) / cfg.dp * max(cfg.stage_grad_bytes(sizes))
     return choose_rank_order(topo, cfg.pp, cfg.dp, p2p, allreduce)
 
 
@@ -109,20 +106,13 @@ class Trainer:
                   file=sys.stderr, flush=True)
         layers = stage_ranges(self.sizes)[self.groups.stage]
         self.ident = checkpoint.identity(cfg, self.sizes)
-        self.first_step, found = 0, None
-        if cfg.resume:
-            found = checkpoint.latest(cfg.checkpoint_dir, cfg.pp)
-            if found is not None:
-                self.first_step = checkpoint.check(found, self.ident) + 1
-            if self.first_step >= cfg.steps:
-                raise UsageError(f"checkpoint {found} already reaches step {self.first_step - 1}; "
-                                 f"raise --steps above {cfg.steps}")
+        found, self.first_step = checkpoint.resume_point(cfg, self.sizes)
         self.schedule = build_schedule(cfg.schedule, cfg.pp, cfg.micro_batches, cfg.steps - self.first_step)
         self.model = StageModel(cfg.spec, layers, cfg.seed, n_versions=self.schedule.staleness + 1,
                                 optimizer=cfg.optimizer, lr=cfg.learning_rate, device=self.device)
         self.model.offset = self.first_step
         if found is not None:
-            checkpoint.load(found, self.groups.stage, self.model, slot_of=lambda i: i)
+            checkpoint.load(found, self.groups.stage, self.model)
 
     def _maybe_save(self, step: int) -> None:
         cfg = self.cfg
@@ -135,9 +125,8 @@ class Trainer:
     def _hierarchy(self) -> Hierarchy | None:
         """Sub-groups for a hierarchical all-reduce of my stage, where the (agreed) topology
         says it is faster than a flat ring; created collectively, in the same order everywhere."""
-        counts = layer_param_counts(self.cfg.spec)
         dp_groups = [self.layout.dp_group(s) for s in range(self.cfg.pp)]
-        nbytes = [4 * sum(counts[r.start:r.stop]) for r in stage_ranges(self.sizes)]
+        nbytes = self.cfg.stage_grad_bytes(self.sizes)
         wanted = [i for i, ranks in enumerate(dp_groups) if hierarchical_pays(self.topology, ranks, nbytes[i])]
         if not wanted:
             return None
@@ -168,7 +157,7 @@ class Trainer:
         else:
             schedule = self.schedule
         rec = Recorder(g.rank, enabled=cfg.trace_out is not None)
-        shape = (cfg.micro_batch_size, cfg.tokens_seq, cfg.spec.d_model)
+        shape = cfg.activation_shape
         tuner = Tuner(policy, lag=_StepMetrics.LAG) if cfg.autotune else None
         comm = Comm(policy, schedule, g, self.model, shape, self.device, rec, tuner, self.topology,
                     self.hierarchy if cfg.comm_policy == "trirace" else None, cfg.embedding_comm,
