@@ -12,6 +12,7 @@ import sys
 import typing
 from pathlib import Path
 
+from .comm.policies import POLICIES as POLICY_NAMES
 from .config import TrainConfig, make_config
 from .errors import UsageError
 
@@ -21,9 +22,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"trirace: error: {message}\n")
 
 
-def _add_config_flags(p: argparse.ArgumentParser, model: type[TrainConfig]) -> None:
+def _add_config_flags(p: argparse.ArgumentParser, model: type[TrainConfig], only: tuple[str, ...] | None = None) -> None:
     p.add_argument("--config", metavar="FILE.yaml", help="YAML file with the same keys as the flags")
     for name, field in model.model_fields.items():
+        if only is not None and name not in only:
+            continue
         flag = "--" + name.replace("_", "-")
         kind = field.annotation
         shown = field.default if field.default is not None else "see below"
@@ -46,6 +49,10 @@ def _add_config_flags(p: argparse.ArgumentParser, model: type[TrainConfig]) -> N
 
 
 SYSTEMS = ("blocking", "fifo", "priority", "trirace", "torch-1f1b")
+# What shapes a job's time: the flags simulate and profile share with train.
+JOB_FIELDS = ("model", "pp", "dp", "schedule", "micro_batches", "micro_batch_size", "seq_len", "steps", "optimizer",
+              "data", "partition", "balance", "rank_order", "tie_embeddings", "embedding_comm", "partition_mb",
+              "credit_mb", "seed")
 
 
 def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
@@ -70,6 +77,26 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated (default: {','.join(SYSTEMS)})")
     bench.add_argument("--out", default="bench-out", metavar="DIR", help="bench.json, bench.md, bench.png (default: bench-out)")
     bench.add_argument("--json", metavar="FILE", help="also write the JSON here")
+    sim = sub.add_parser("simulate", help="predict iteration time, overlap and memory of a job on a cluster, "
+                         "without running it (same schedules and policies, simulated executor)")
+    _add_config_flags(sim, TrainConfig, JOB_FIELDS)
+    sim.add_argument("--cluster", default="testbed", help="preset (see --list-clusters) or YAML file (default: testbed)")
+    sim.add_argument("--nodes", type=int, help="nodes (default: as many as pp x dp needs)")
+    sim.add_argument("--ranks-per-node", type=int, help="devices per node (default: the preset's)")
+    sim.add_argument("--link", help="inter-node rate per node, e.g. 250mbit, 100gbit, 25GB/s (default: the preset's)")
+    sim.add_argument("--calibration", metavar="FILE", help="measurements from trirace profile (default: FLOP model)")
+    sim.add_argument("--policy", default="all", choices=[*POLICY_NAMES, "all"], help="communication policy (default: all)")
+    sim.add_argument("--sweep", action="store_true", help="rank every pp x dp layout (same global batch) and policy")
+    sim.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    sim.add_argument("--trace-out", metavar="DIR", help="write a Chrome/Perfetto timeline of the simulated run")
+    sim.add_argument("--list-clusters", action="store_true", help="list the cluster presets and exit")
+    prof = sub.add_parser("profile", help="measure per-layer compute, links and data here; write a calibration file "
+                          "for trirace simulate")
+    _add_config_flags(prof, TrainConfig, JOB_FIELDS)
+    prof.add_argument("--out", default="calibration.json", metavar="FILE", help="(default: calibration.json)")
+    prof.add_argument("--cluster", default="testbed", help="the cluster preset this machine stands for (default: testbed)")
+    prof.add_argument("--link", help="also measure an emulated inter-node link of this rate (root; e.g. 250mbit)")
+    prof.add_argument("--mtu", type=int, default=9000, help="MTU of that emulated link (default: 9000)")
     testbed = sub.add_parser("testbed", help="build or remove an emulated multi-node cluster (root)")
     tsub = testbed.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
     _add_cluster_flags(tsub.add_parser("up", help="namespaces, veth pairs to a bridge, tbf-shaped links"))
@@ -93,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             return _bench(args)
         if args.command == "testbed":
             return _testbed(args)
+        if args.command == "simulate":
+            return _simulate(args)
+        if args.command == "profile":
+            return _profile(args)
     except UsageError as e:
         print(f"trirace: error: {e}", file=sys.stderr)
         return 2
@@ -103,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _config(args: argparse.Namespace, **defaults) -> TrainConfig:
-    values = {k: getattr(args, k) for k in TrainConfig.model_fields}
+    values = {k: getattr(args, k, None) for k in TrainConfig.model_fields}
     return make_config({**defaults, **{k: v for k, v in values.items() if v is not None}}, config_file=args.config)
 
 
@@ -147,6 +178,57 @@ def _bench(args: argparse.Namespace) -> int:
     bench.chart(payload, out / "bench.png")
     print(table)
     print(f"wrote {out}/bench.json, bench.md, bench.png", file=sys.stderr)
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    import json
+
+    from .sim import report
+    from .sim.calibration import load_calibration
+    from .sim.cluster import PRESETS, load_cluster
+
+    if args.list_clusters:
+        for name, c in PRESETS.items():
+            print(f"{name:10s} {c.description}")
+        return 0
+    cfg = _config(args, steps=8)
+    cluster = load_cluster(args.cluster, args.nodes, args.ranks_per_node, args.link)
+    cal = load_calibration(args.calibration) if args.calibration else None
+    policies = POLICY_NAMES if args.policy == "all" else (args.policy,)
+    trace = Path(args.trace_out) / "trace.json" if args.trace_out else None
+    if args.sweep:
+        payload = report.sweep(cfg, cluster, policies, cal)
+        print(report.sweep_table(payload))
+    else:
+        payload = report.compare(cfg, cluster, policies, cal, trace)
+        print(report.table(payload))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    if trace and not args.sweep:
+        print(f"wrote {trace}", file=sys.stderr)
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from .runtime.calibrate import profile
+    from .sim.cluster import PRESETS
+
+    if args.cluster not in PRESETS:
+        raise UsageError(f"unknown cluster {args.cluster!r}; choose from {', '.join(PRESETS)}")
+    cfg = _config(args)
+    print(f"profile: {cfg.model}, micro-batches of {cfg.micro_batch_size} x {cfg.tokens_seq} tokens, "
+          f"as one of {cfg.world_size} ranks here{f'; links at {args.link}' if args.link else ''}",
+          file=sys.stderr, flush=True)
+    cal = profile(cfg, args.cluster, args.link, args.mtu)
+    cal.save(args.out)
+    fwd, bwd = sum(cal.forward_s), sum(cal.backward_s)
+    links = "; ".join(f"{k} {v['bits_per_s'] / 1e6:.1f} Mbit/s, {v['latency_s'] * 1e6:.0f} us"
+                      for k, v in cal.links.items())
+    print(f"forward {fwd * 1e3:.1f} ms, backward {bwd * 1e3:.1f} ms per micro-batch ({cal.threads} thread(s)); "
+          f"{links}; wrote {args.out}")
     return 0
 
 

@@ -16,6 +16,7 @@ from .errors import ConfigError, UsageError
 from .yamlfile import read_mapping
 from .models import PRESETS, ModelSpec, layer_names, layer_param_counts
 from .plan.partition import check_sizes, stage_sums
+from .plan.topology import Topology, choose_rank_order
 
 
 class TrainConfig(BaseModel):
@@ -136,6 +137,19 @@ class TrainConfig(BaseModel):
     def stage_grad_bytes(self, partition: list[int]) -> list[int]:
         """Bytes of each stage's gradient (fp32) under a partition."""
         return [4 * n for n in stage_sums(layer_param_counts(self.spec), partition)]
+
+    def traffic_per_step(self, partition: list[int]) -> tuple[float, float]:
+        """(P2P bytes a middle stage sends, all-reduce bytes the heaviest stage's ranks send)
+        per step: what placement weighs to keep the heavier traffic inside nodes."""
+        p2p = 2 * self.micro_batches * self.activation_bytes  # activations forward, gradients back
+        allreduce = 2 * (self.dp - 1) / self.dp * max(self.stage_grad_bytes(partition))
+        return p2p, allreduce
+
+    def placement(self, topo: Topology, partition: list[int]) -> str:
+        """The rank order: as configured, or whichever keeps the heavier traffic inside nodes."""
+        if self.rank_order != "auto":
+            return self.rank_order
+        return choose_rank_order(topo, self.pp, self.dp, *self.traffic_per_step(partition))
 
     @property
     def tokens_per_step(self) -> int:

@@ -24,7 +24,6 @@ from ..plan.bounds import Bound, link_bytes, lower_bound
 from ..plan.topology import DEFAULT_INTRA, Link, Topology, parse_rate
 from ..runtime import run_local
 from ..runtime.launch import prepare
-from ..runtime.trainer import rank_order
 
 SYSTEMS = ("blocking", "fifo", "priority", "trirace", "torch-1f1b")
 WARMUP_STEPS = 2
@@ -101,7 +100,7 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
         nominal = _nominal_topology(cluster, base.world_size)
         base = prepare(base.model_copy(update={"topology": topo_file, "progress": False, "metrics_out": None,
                                                "trace_out": None}))
-        base = base.model_copy(update={"rank_order": rank_order(base, nominal, base.partition)})
+        base = base.model_copy(update={"rank_order": base.placement(nominal, base.partition)})
         cfgs, names = [], []
         for _ in range(rounds):
             for sysname in systems:

@@ -26,7 +26,7 @@ from ..errors import UsageError
 from ..models import build_layers, lm_loss
 from ..plan import Layout, stage_ranges
 from ..runtime.probe import detect_topology
-from ..runtime.trainer import _Reporter, batch_fn, default_device, plan_partition, rank_order, sampler_for
+from ..runtime.trainer import _Reporter, batch_fn, default_device, plan_partition, sampler_for
 
 SYSTEM = "torch-1f1b"
 
@@ -131,7 +131,7 @@ def _layout(cfg: TrainConfig, sizes: list[int]) -> Layout:
     order = cfg.rank_order
     if order == "auto":  # detection is a collective: every rank takes this branch together
         topo = detect_topology(str(cfg.topology) if cfg.topology else None, cfg.world_size)
-        order = rank_order(cfg, topo, sizes)
+        order = cfg.placement(topo, sizes)
     return Layout(cfg.pp, cfg.dp, order)
 
 

@@ -79,3 +79,13 @@ def sized_for_link(policy: Policy, bytes_per_s: float, max_wait_s: float = 0.1) 
     agrees on (the broadcast probe), since chunking must be identical across the group."""
     chunk = int(min(max(bytes_per_s * max_wait_s, 256 * 1024), 8 * MiB)) // (64 * 1024) * (64 * 1024)
     return replace(policy, partition_bytes=chunk, credit_bytes=2 * chunk)
+
+
+def stage_policy(name: str, partition_mb: float | None, credit_mb: float | None, group_link_bytes_per_s: float) -> Policy:
+    """The policy one stage runs, as both executors build it: the named policy with the
+    flags' sizes, or, for trirace without explicit sizes, chunks sized for the link the
+    stage's gradient reduction crosses."""
+    policy = make_policy(name, partition_mb, credit_mb)
+    if name == "trirace" and partition_mb is None and credit_mb is None:
+        policy = sized_for_link(policy, group_link_bytes_per_s)
+    return policy

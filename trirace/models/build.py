@@ -60,9 +60,15 @@ def count_params(layers) -> int:
     return sum(p.numel() for layer in layers for p in layer.parameters())
 
 
+def layer_param_numels(spec: ModelSpec) -> list[list[int]]:
+    """Each layer's parameters' sizes in registration order (the order of a stage's flat
+    gradient), from the shapes alone (no tensors): cheap even for gpt2-xl."""
+    d, v, f = spec.d_model, spec.vocab_size, spec.d_ff
+    block = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, f * d, f, d * f, d]  # ln1 qkv proj ln2 fc out
+    head = [d * v] if spec.arch == "gpt" else [d * d, d, d, d, d * v, v]
+    return [[v * d, spec.max_seq_len * d], *([block] * spec.n_layers), [d, d], head]
+
+
 def layer_param_counts(spec: ModelSpec) -> list[int]:
-    """Parameters per layer, from the shapes alone (no tensors): cheap even for gpt2-xl."""
-    d, v = spec.d_model, spec.vocab_size
-    block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * spec.d_ff + spec.d_ff) + (spec.d_ff * d + d)
-    head = d * v if spec.arch == "gpt" else (d * d + d) + 2 * d + (d * v + v)
-    return [v * d + spec.max_seq_len * d, *([block] * spec.n_layers), 2 * d, head]
+    """Parameters per layer."""
+    return [sum(n) for n in layer_param_numels(spec)]

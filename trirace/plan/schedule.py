@@ -212,6 +212,18 @@ def defer_updates(sched: Schedule, ops: tuple[Op, ...] = (Op.AR, Op.OPT)) -> Sch
     return deferred
 
 
+def schedule_for_policy(sched: Schedule, defers_updates: bool, tied_across_stages: bool) -> Schedule:
+    """The action lists a policy runs: asynchronous policies move AR and OPT to their
+    deadlines; blocking keeps them after the last backward, except that with a table tied
+    across stages OPT (which needs the tied reduction) waits at its deadline, since blocking
+    P2P leaves no point where both ends of a 2BW pipeline are free to wait for each other."""
+    if defers_updates:
+        return defer_updates(sched)
+    if tied_across_stages:
+        return defer_updates(sched, (Op.OPT,))
+    return sched
+
+
 # ---------------------------------------------------------------- validation
 
 

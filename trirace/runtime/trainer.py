@@ -16,17 +16,16 @@ from ..data import BatchSampler, load_tokens
 from ..errors import UsageError
 from ..models import layer_param_counts
 from ..plan import Layout, balance, build_schedule, stage_ranges
-from ..comm import make_policy
-from ..comm.policies import sized_for_link
+from ..comm.policies import stage_policy
 from ..comm.autotune import Tuner
 from ..comm.policies import MiB
 from ..obs.timeline import Recorder, write_trace
-from ..plan.schedule import Op, defer_updates
+from ..plan.schedule import schedule_for_policy
 from .comm import Comm
 from . import checkpoint
 from .engine import BatchFn, Engine, StepRecord
 from .groups import Groups, make_groups
-from ..plan.topology import Topology, choose_rank_order, hierarchical_pays
+from ..plan.topology import hierarchical_pays
 from .hierarchical import Hierarchy, make_hierarchies
 from .probe import detect_topology, probe_links
 from .profile import profile_layers
@@ -51,15 +50,6 @@ def plan_partition(cfg: TrainConfig, sampler: BatchSampler | None = None) -> lis
     sampler = sampler or sampler_for(cfg)
     inputs, targets = batch_fn(cfg, sampler)(0, 0)
     return balance(profile_layers(cfg.spec, inputs, targets, cfg.seed), cfg.pp)
-
-
-def rank_order(cfg: TrainConfig, topo: Topology, sizes: list[int]) -> str:
-    """The placement: as configured, or whichever keeps the heavier traffic inside nodes."""
-    if cfg.rank_order != "auto":
-        return cfg.rank_order
-    p2p = 2 * cfg.micro_batches * cfg.activation_bytes  # a middle stage sends activations and gradients
-    allreduce = 2 * (cfg.dp - 1) / cfg.dp * max(cfg.stage_grad_bytes(sizes))
-    return choose_rank_order(topo, cfg.pp, cfg.dp, p2p, allreduce)
 
 
 def default_device() -> torch.device:
@@ -95,7 +85,7 @@ class Trainer:
         self.sampler = sampler_for(cfg)
         self.sizes = self._agree_on_partition()
         self.topology = detect_topology(str(cfg.topology) if cfg.topology else None, cfg.world_size)
-        self.layout = Layout(cfg.pp, cfg.dp, rank_order(cfg, self.topology, self.sizes))
+        self.layout = Layout(cfg.pp, cfg.dp, cfg.placement(self.topology, self.sizes))
         self.groups: Groups = make_groups(self.layout, self.device, tied=cfg.spec.tie_embeddings)
         if cfg.probe:
             self.topology = probe_links(self.topology, self.device)
@@ -144,18 +134,9 @@ class Trainer:
 
     def run(self) -> list[dict] | None:
         cfg, g = self.cfg, self.groups
-        policy = make_policy(cfg.comm_policy, cfg.partition_mb, cfg.credit_mb)
-        if cfg.comm_policy == "trirace" and cfg.partition_mb is None and cfg.credit_mb is None:
-            link = self.topology.link(self.topology.group_link(self.layout.dp_group(g.stage)))
-            policy = sized_for_link(policy, link.bytes_per_s)
-        if policy.defer_updates:
-            schedule = defer_updates(self.schedule)
-        elif cfg.spec.tie_embeddings and cfg.pp > 1:
-            # Blocking P2P leaves no point where both ends of a 2BW pipeline are free to wait
-            # for each other; OPT, which needs the tied reduction, waits at its deadline.
-            schedule = defer_updates(self.schedule, (Op.OPT,))
-        else:
-            schedule = self.schedule
+        link = self.topology.link(self.topology.group_link(self.layout.dp_group(g.stage)))
+        policy = stage_policy(cfg.comm_policy, cfg.partition_mb, cfg.credit_mb, link.bytes_per_s)
+        schedule = schedule_for_policy(self.schedule, policy.defer_updates, cfg.spec.tie_embeddings and cfg.pp > 1)
         rec = Recorder(g.rank, enabled=cfg.trace_out is not None)
         shape = cfg.activation_shape
         tuner = Tuner(policy, lag=_StepMetrics.LAG) if cfg.autotune else None

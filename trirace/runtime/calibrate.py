@@ -1,0 +1,162 @@
+"""`trirace profile`: measure what the simulator needs, where the job will run.
+
+- per-layer forward and backward seconds of one micro-batch, with as many intra-op
+  threads as a worker of a pp x dp job gets here (runtime/worker.py's rule);
+- the optimizer step's seconds per parameter;
+- token-table rows a replica's step touches, on the job's own data;
+- link latency and bandwidth, by the same ping-pong as the start-up probe, between two
+  real processes: across two emulated nodes of the testbed (root) when `link` is given,
+  and on this host's loopback for the intra-node link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from ..config import TrainConfig
+from ..errors import UsageError
+from ..models import build_layers, lm_loss
+from ..sim.calibration import Calibration
+from .trainer import batch_fn, sampler_for
+
+
+def _best(fn, reps: int) -> float:
+    fn()  # warm-up
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def layer_times(cfg: TrainConfig, reps: int = 5) -> tuple[list[float], list[float], float]:
+    """(forward_s per layer, backward_s per layer, optimizer seconds per parameter)."""
+    spec = cfg.spec
+    layers = build_layers(spec, cfg.seed)
+    inputs, targets = batch_fn(cfg, sampler_for(cfg))(0, 0)
+    acts = [inputs]
+    with torch.no_grad():
+        for layer in layers:
+            acts.append(layer(acts[-1]))
+    fwd, bwd = [], []
+    for i, layer in enumerate(layers):
+        x0 = acts[i]
+
+        def forward(x0=x0, layer=layer):
+            return layer(x0.detach().requires_grad_(x0.is_floating_point()))
+
+        def both(i=i, layer=layer, forward=forward):
+            y = forward()
+            if i == len(layers) - 1:
+                lm_loss(y, targets).backward()
+            else:
+                y.backward(torch.ones_like(y))
+            layer.zero_grad(set_to_none=True)
+        f = _best(forward, reps)
+        fb = _best(both, reps)
+        fwd.append(f)
+        bwd.append(max(fb - f, 0.0))
+    params = [torch.nn.Parameter(p.detach().clone()) for layer in layers for p in layer.parameters()]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt = torch.optim.Adam(params, lr=1e-3) if cfg.optimizer == "adam" else torch.optim.SGD(params, lr=0.1)
+    copies = [p.detach().clone() for p in params]
+
+    def step():
+        opt.step()
+        with torch.no_grad():  # publishing the new version is part of OPT
+            for c, p in zip(copies, params):
+                c.copy_(p)
+    per_param = _best(step, 3) / sum(p.numel() for p in params)
+    return fwd, bwd, per_param
+
+
+def rows_touched(cfg: TrainConfig, steps: int = 4) -> float:
+    """Distinct token ids in one replica's step (its m micro-batches), the largest over the
+    replicas, averaged over a few steps: what the sparse exchange ships."""
+    sample = batch_fn(cfg, sampler_for(cfg))
+    m = cfg.micro_batches
+    per_step = []
+    for t in range(steps):
+        per_step.append(max(
+            int(torch.unique(torch.cat([sample(t, r * m + i)[0].reshape(-1) for i in range(m)])).numel())
+            for r in range(cfg.dp)))
+    return sum(per_step) / len(per_step)
+
+
+_PROBE = r"""
+import json, sys, torch, torch.distributed as dist
+from trirace.plan.topology import Topology, single_node
+from trirace.runtime.probe import probe_links
+rank, store, out, nodes = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+base = single_node(2)
+topo = probe_links(Topology(nodes, 2 // nodes, base.intra, base.inter), torch.device("cpu"), large_bytes=4 << 20)
+if rank == 0:
+    link = topo.inter if nodes == 2 else topo.intra
+    json.dump({"bits_per_s": link.bits_per_s, "latency_s": link.latency_s}, open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+def probe_pair(across_nodes: bool, link: str | None = None, mtu: int = 9000, timeout_s: float = 120) -> dict:
+    """Ping-pong between two real processes: on two testbed nodes (`link` rate) or on loopback."""
+    from contextlib import nullcontext
+
+    tb_ctx = nullcontext(None)
+    if across_nodes:
+        from .. import testbed
+
+        tb = testbed.up(2, 1, link, mtu=mtu)
+        tb_ctx = _Down(tb)
+    with tb_ctx as tb, tempfile.TemporaryDirectory(prefix="trirace-profile-") as tmp:
+        store, out = Path(tmp) / "store", Path(tmp) / "link.json"
+        procs = []
+        for r in range(2):
+            prefix = tb.rank_command(r) if tb else []
+            env = {**os.environ, **(tb.rank_env(r) if tb else {})}
+            procs.append(subprocess.Popen(["timeout", "-k", "5", str(timeout_s), *prefix, sys.executable, "-c", _PROBE,
+                                           str(r), str(store), str(out), "2" if tb else "1"], env=env))
+        codes = [p.wait() for p in procs]
+        if any(codes) or not out.exists():
+            raise UsageError(f"link probe failed (exit status {codes})")
+        return json.loads(out.read_text())
+
+
+class _Down:
+    def __init__(self, tb):
+        self.tb = tb
+
+    def __enter__(self):
+        return self.tb
+
+    def __exit__(self, *exc):
+        from .. import testbed
+
+        testbed.down()
+        return False
+
+
+def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None, mtu: int = 9000,
+            intra: bool = True) -> Calibration:
+    threads = max(1, (os.cpu_count() or 1) // cfg.world_size)  # as runtime/worker.py gives each rank
+    torch.set_num_threads(threads)
+    fwd, bwd, per_param = layer_times(cfg)
+    links = {}
+    if intra:
+        links["intra"] = probe_pair(False)
+    if link is not None:
+        links["inter"] = probe_pair(True, link, mtu)
+    tokens = cfg.micro_batches * cfg.micro_batch_size * cfg.tokens_seq
+    return Calibration(cfg.model, cfg.micro_batch_size, cfg.tokens_seq, threads, fwd, bwd, per_param, cluster,
+                       links, {str(tokens): rows_touched(cfg)}, socket.gethostname())

@@ -1,0 +1,79 @@
+"""A calibration file: what `trirace profile` measured where it ran, for the simulator.
+
+JSON, so it can be read, diffed and edited:
+  model, micro_batch_size, seq_len   the shapes it was measured at (checked on use)
+  threads                            intra-op threads per process during the measurement
+  forward_s, backward_s              per layer, one micro-batch (fastest of a few runs)
+  optimizer_s_per_param              the optimizer step over the measured parameters
+  cluster                            the cluster preset it describes (it applies to no other)
+  links                              {"intra"|"inter": {"bits_per_s", "latency_s"}} measured
+  rows_touched                       {tokens per replica step: token-table rows touched}, the
+                                     largest over replicas, measured on the training data
+                                     (it sets the sparse exchange's size)
+  host                               where it ran
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import UsageError
+from ..models import ModelSpec
+from ..plan.topology import Link
+
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Calibration:
+    model: str
+    micro_batch_size: int
+    seq_len: int
+    threads: int
+    forward_s: list[float]
+    backward_s: list[float]
+    optimizer_s_per_param: float
+    cluster: str = "testbed"  # the cluster preset it describes: it applies to that one only
+    links: dict[str, dict[str, float]] = field(default_factory=dict)
+    rows_touched: dict[str, float] = field(default_factory=dict)  # str(tokens per replica step) -> rows touched
+    host: str = ""
+    version: int = VERSION
+
+    def check(self, spec: ModelSpec, batch: int, seq: int) -> None:
+        if (self.model, self.micro_batch_size, self.seq_len) != (spec.name, batch, seq):
+            raise UsageError(f"calibration is for {self.model} with micro-batches of {self.micro_batch_size} x "
+                             f"{self.seq_len} tokens; this job runs {spec.name} with {batch} x {seq}: "
+                             "run trirace profile with the job's flags")
+
+    def link(self, cls: str) -> Link | None:
+        got = self.links.get(cls)
+        return Link(got["bits_per_s"], got["latency_s"]) if got else None
+
+    def save(self, path: str | Path) -> None:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(p.suffix + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        os.replace(tmp, p)
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"calibration file {p} does not exist (make one with trirace profile)") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"calibration file {p}: {e}") from None
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise UsageError(f"calibration file {p}: not a version-{VERSION} trirace calibration")
+    try:
+        cal = Calibration(**data)
+    except TypeError as e:
+        raise UsageError(f"calibration file {p}: {e}") from None
+    if len(cal.forward_s) != len(cal.backward_s) or any(t < 0 for t in cal.forward_s + cal.backward_s):
+        raise UsageError(f"calibration file {p}: forward_s and backward_s must be equally long and non-negative")
+    return cal

@@ -1,0 +1,76 @@
+"""How long each layer computes and how much memory a stage holds, without running it.
+
+Time comes from a calibration (per-layer forward and backward seconds measured where it
+will run, `trirace profile`) or else from a FLOP count over the device's achieved rate.
+FLOPs per layer for b sequences of s tokens, width d, vocabulary V (forward; backward is
+twice that, the standard 1:2 ratio):
+  block  2*b*s*12*d^2 (qkv, proj, the two MLP matrices) + 4*b*s^2*d (scores and values)
+  head   2*b*s*d*V            embedding, norms: memory-bound, priced as 0 FLOPs
+The optimizer streams the stage's parameters: Adam reads and writes weight, gradient,
+two moments and the published copy, about 36 bytes per parameter (SGD 16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..models import ModelSpec, layer_names
+from ..models.build import layer_param_numels
+from .calibration import Calibration
+from .cluster import Device
+
+OPT_BYTES_PER_PARAM = {"adam": 36, "sgd": 16}
+
+
+def layer_flops(spec: ModelSpec, batch: int, seq: int) -> list[float]:
+    d, v, tokens = spec.d_model, spec.vocab_size, batch * seq
+    block = 2 * tokens * 12 * d * d + 4 * batch * seq * seq * d
+    head = 2 * tokens * d * v + (2 * tokens * d * d if spec.arch == "bert" else 0)
+    return [0.0, *([float(block)] * spec.n_layers), 0.0, float(head)]
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    forward_s: tuple[float, ...]  # per layer, one micro-batch
+    backward_s: tuple[float, ...]
+    optimizer_s_per_param: float
+    source: str  # "calibration" or "flops"
+
+    @classmethod
+    def build(cls, spec: ModelSpec, batch: int, seq: int, device: Device, optimizer: str = "adam",
+              calibration: Calibration | None = None) -> "ComputeModel":
+        if calibration is not None:
+            calibration.check(spec, batch, seq)
+            return cls(tuple(calibration.forward_s), tuple(calibration.backward_s),
+                       calibration.optimizer_s_per_param, "calibration")
+        flops = layer_flops(spec, batch, seq)
+        fwd = tuple(f / device.flops for f in flops)
+        return cls(fwd, tuple(2 * f for f in fwd), OPT_BYTES_PER_PARAM[optimizer] / device.memory_bytes_per_s, "flops")
+
+    def stage(self, layers: range) -> tuple[float, list[float]]:
+        """(forward seconds of the stage, backward seconds per layer in backward order)."""
+        return sum(self.forward_s[i] for i in layers), [self.backward_s[i] for i in reversed(layers)]
+
+
+def stage_memory(spec: ModelSpec, layers: range, batch: int, seq: int, in_flight: int, versions: int,
+                 optimizer: str = "adam") -> dict[str, float]:
+    """Peak bytes one rank of the stage holds: weight versions, their gradient buffers, the
+    optimizer's master copy and state, and the activations of `in_flight` micro-batches
+    kept for their backward (fp32; per block about 16*b*s*d values plus the b*h*s^2
+    attention scores, the head keeps its logits and their softmax)."""
+    params = sum(sum(layer_param_numels(spec)[i]) for i in layers)
+    d, h, v = spec.d_model, spec.n_heads, spec.vocab_size
+    names = layer_names(spec)
+    per_mb = 0.0
+    for i in layers:
+        if names[i].startswith("block"):
+            per_mb += 16 * batch * seq * d + batch * h * seq * seq
+        elif names[i].endswith("head"):
+            per_mb += 2 * batch * seq * v + batch * seq * d
+        else:
+            per_mb += batch * seq * d
+    state = {"adam": 3, "sgd": 1}[optimizer]  # master copy (+ two moments)
+    out = {"weights": 4.0 * params * versions, "gradients": 4.0 * params * versions,
+           "optimizer": 4.0 * params * state, "activations": 4.0 * per_mb * in_flight}
+    out["total"] = sum(out.values())
+    return out

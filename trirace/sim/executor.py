@@ -1,0 +1,504 @@
+"""The simulated executor: the same action lists, policies and CommScheduler as the
+runtime, run against a clock instead of processes.
+
+Each stage has one representative rank (sim/fabric.py folds its replicas into it). It
+walks its actions in `p2p_groups`, as runtime/engine.py does, and drives its
+CommScheduler at the same points runtime/comm.py does: chunks enqueued when the step's
+last backward begins, ready as that backward finishes their parameters (layer by layer),
+`p2p_started`/`p2p_finished` around sends and receive waits, `deadline` at AR, and
+`launches` after every event. What the runtime's threads and gloo do is mirrored too:
+receives are posted two ahead, a transfer moves once both ends are posted, asynchronous
+all-reduces queue on the group's `collective_streams` workers, while sparse exchanges and
+hierarchical all-reduces run on the launcher itself and hold it until they end.
+
+Time advances through a heap of events; every transfer and every computation is a flow
+on the max-min network, so computation that shares a CPU pool slows down like
+communication sharing a link.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..comm import CommScheduler, Policy
+from ..obs.timeline import Recorder
+from ..plan import Action, Op, Schedule
+from ..plan.schedule import p2p_groups
+from ..plan.transfers import Chunk, Kind, plan_reduction
+from .fabric import Fabric, FlowClass
+
+RECV_AHEAD = 2  # runtime/comm.py keeps this many receives posted
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One step of a transfer: every copy of `cls` moves `nbytes` after `latency_s`."""
+
+    cls: FlowClass
+    nbytes: float
+    latency_s: float
+
+
+@dataclass
+class StageWork:
+    """What one stage computes and reduces, in the executor's terms."""
+
+    forward_s: float  # one micro-batch
+    backward_s: list[float]  # per layer, in backward order
+    backward_params: list[tuple[int, int]]  # the parameter indices each of those layers finalises
+    optimizer_s: float
+    numels: list[int]
+    policy: Policy
+    collective: Callable[[Chunk], list[Phase]]  # how a chunk crosses the network
+    inline: Callable[[Chunk], bool]  # does the launcher run this chunk itself (and wait)?
+    sparse_param: int | None = None
+
+
+@dataclass
+class StepStats:
+    end: float = 0.0
+    exposed: dict[str, float] = field(default_factory=lambda: {"p2p": 0.0, "allreduce": 0.0, "sparse": 0.0})
+    compute_s: float = 0.0
+
+
+class _Group:
+    """A data-parallel group's collective queue: gloo runs `streams` collectives at once."""
+
+    def __init__(self, sim: "Simulation", streams: int):
+        self.sim, self.streams = sim, streams
+        self.queue: deque = deque()
+        self.running = 0
+
+    def submit(self, phases: list[Phase], done: Callable[[], None]) -> None:
+        self.queue.append((phases, done))
+        self._next()
+
+    def _next(self) -> None:
+        while self.queue and self.running < self.streams:
+            phases, done = self.queue.popleft()
+            self.running += 1
+
+            def finished(done=done):
+                self.running -= 1
+                done()
+                self._next()
+            self.sim.transfer(phases, finished)
+
+
+class _Rank:
+    def __init__(self, sim: "Simulation", stage: int):
+        self.sim, self.stage = sim, stage
+        self.rank = sim.fabric.layout.rank(stage, 0)
+        self.work = sim.stages[stage]
+        self.groups = p2p_groups(sim.schedule.actions[stage])
+        self.pc = 0
+        self.policy = self.work.policy
+        link = sim.fabric.topo.group_link(sim.fabric.layout.dp_group(stage))
+        self.scheduler = CommScheduler(self.policy, link)
+        self.has_dp = sim.fabric.layout.dp > 1
+        self.reducing = self.has_dp and not self.policy.blocking
+        self.chunks: dict[int, list[Chunk]] = {}
+        self.pending: dict[int, dict[int, int]] = {}  # step -> chunk seq -> parameters not ready
+        self.done_chunks: set[Chunk] = set()
+        self.finish_kind: dict[int, str] = {}  # step -> kind of its last chunk to finish
+        self.group = _Group(sim, sim.collective_streams)
+        self.launcher_busy = False
+        self.launch_queue: deque[Chunk] = deque()
+        acts = sim.schedule.actions[stage]
+        self.recv_queue = deque(a for a in acts if a.op in (Op.RF, Op.RB))
+        self.posted: set[Action] = set()
+        self.waiting: Callable[[], bool] | None = None  # the condition the engine is blocked on
+        self.wait_since = 0.0
+        self.in_flight_mb = 0
+        self.peak_in_flight = 0
+        self.rec = Recorder(self.rank, enabled=sim.record)
+        if not self.policy.blocking:
+            self._post_recvs()
+
+    # ------------------------------------------------------------ engine
+
+    def advance(self) -> None:
+        """Run actions until one has to wait (for a computation, a transfer or a reduction)."""
+        while self.waiting is None and self.pc < len(self.groups):
+            group = self.groups[self.pc]
+            a = group[0]
+            if a.op.is_p2p:
+                self._exchange(group)
+            elif a.op is Op.AR:
+                self._reduce(a.index)
+            elif a.op is Op.F:
+                self.in_flight_mb += 1
+                self.peak_in_flight = max(self.peak_in_flight, self.in_flight_mb)
+                self._compute(a, self.work.forward_s)
+            elif a.op is Op.B:
+                self._backward(a)
+            else:  # OPT
+                self._compute(a, self.work.optimizer_s)
+            if self.waiting is None:
+                self.pc += 1
+
+    def _block(self, until: Callable[[], bool]) -> None:
+        self.waiting, self.wait_since = until, self.sim.now
+
+    def resume(self) -> None:
+        """Called after any event touching this rank: continue if what it waits for is there."""
+        if self.waiting is not None and self.waiting():
+            self.waiting = None
+            self.pc += 1
+            self.advance()
+
+    def _step(self, a: Action) -> int:
+        return a.index if a.op in (Op.AR, Op.OPT) else self.sim.schedule.step_of(a.index)
+
+    def _compute(self, a: Action, seconds: float, then: Callable[[], None] | None = None) -> None:
+        t0 = self.sim.now
+        box = {"done": False}
+
+        def done():
+            box["done"] = True
+            self.rec.span("compute", str(a), t0, self.sim.now)
+            st = self.sim.step_stats(self.stage, self._step(a))
+            st.compute_s += self.sim.now - t0
+            if a.op is Op.OPT:
+                st.end = self.sim.now
+            if then:
+                then()
+            self.resume()
+        self.sim.run_compute(self.stage, seconds, done)
+        self._block(lambda: box["done"])
+
+    def _backward(self, a: Action) -> None:
+        step = self.sim.schedule.step_of(a.index)
+        last = (a.index + 1) % self.sim.schedule.micro_batches == 0
+        self.in_flight_mb -= 1
+        if not (self.reducing and last):
+            self._compute(a, sum(self.work.backward_s))
+            return
+        chunks = self._plan(step)
+        self.pending[step] = {c.seq: c.params[1] - c.params[0] for c in chunks}
+        self.scheduler.enqueue(chunks)
+        t0 = self.sim.now
+        layers = list(zip(self.work.backward_s, self.work.backward_params))
+        box = {"done": False}
+
+        def layer(i: int) -> None:
+            if i > 0:
+                self._params_ready(step, *layers[i - 1][1])
+            if i == len(layers):
+                for c in chunks:  # parameters without a gradient are ready too
+                    if self.pending[step].pop(c.seq, None) is not None:
+                        self.scheduler.ready(c)
+                self.kick()
+                box["done"] = True
+                self.rec.span("compute", str(a), t0, self.sim.now)
+                self.sim.step_stats(self.stage, step).compute_s += self.sim.now - t0
+                self.resume()
+                return
+            self.sim.run_compute(self.stage, layers[i][0], lambda: layer(i + 1))
+        self._block(lambda: box["done"])
+        layer(0)
+
+    def _params_ready(self, step: int, lo: int, hi: int) -> None:
+        pending = self.pending[step]
+        for c in self.chunks[step]:
+            if c.seq in pending:
+                overlap = max(0, min(hi, c.params[1]) - max(lo, c.params[0]))
+                if overlap:
+                    pending[c.seq] -= overlap
+                    if pending[c.seq] <= 0:
+                        del pending[c.seq]
+                        self.scheduler.ready(c)
+        self.kick()
+
+    # ------------------------------------------------------------ P2P
+
+    def _post_recvs(self) -> None:
+        while self.recv_queue and len(self.posted) < RECV_AHEAD:
+            a = self.recv_queue.popleft()
+            self.posted.add(a)
+            self.sim.p2p_posted(self.stage, a)
+
+    def _exchange(self, group: list[Action]) -> None:
+        sim = self.sim
+        recvs = [a for a in group if a.op in (Op.RF, Op.RB)]
+        sends = [a for a in group if a.op in (Op.SF, Op.SB)]
+        if self.policy.blocking:
+            for a in recvs:
+                self.recv_queue.remove(a)
+                self.posted.add(a)
+                sim.p2p_posted(self.stage, a)
+        msgs = [sim.p2p_send(self.stage, a) for a in sends]
+        waits = []
+        for a in recvs:
+            msg = sim.message_for_recv(self.stage, a)
+            if not self.policy.blocking and not msg.delivered:
+                link = sim.link_of(self.stage, msg.src)
+                self.scheduler.p2p_started(link)
+                msg.on_delivered.append(lambda link=link: self.scheduler.p2p_finished(link))
+            waits.append((a, msg))
+        t0 = sim.now
+        step = self._step(group[0])
+
+        def complete() -> bool:
+            if not all(m.delivered for _, m in waits):
+                return False
+            if self.policy.blocking and not all(m.delivered for m in msgs):
+                return False
+            for a, m in waits:
+                self.posted.discard(a)
+                self.rec.span("p2p recv", str(a), max(m.posted_at, t0), sim.now, waited_s=sim.now - t0)
+            sim.step_stats(self.stage, step).exposed["p2p"] += sim.now - t0
+            if not self.policy.blocking:
+                self._post_recvs()
+                self.kick()
+            return True
+        if not complete():
+            self._block(complete)
+
+    # ------------------------------------------------------------ gradient reduction
+
+    def _plan(self, step: int) -> list[Chunk]:
+        if step not in self.chunks:
+            p = self.policy
+            elems = None if p.partition_bytes is None else p.partition_bytes // 4
+            self.chunks[step] = plan_reduction(step, self.work.numels, elems, p.chunk_order,
+                                               sparse_param=self.work.sparse_param)
+        return self.chunks[step]
+
+    def kick(self) -> None:
+        """The launcher thread's loop: take what the policy admits and launch it in order."""
+        if not self.reducing:
+            return
+        while not self.launcher_busy:
+            if not self.launch_queue:
+                self.launch_queue.extend(self.scheduler.launches())
+                if not self.launch_queue:
+                    return
+            c = self.launch_queue.popleft()
+            self._launch(c)
+
+    def _launch(self, c: Chunk) -> None:
+        t0 = self.sim.now
+        inline = self.work.inline(c)
+
+        def done():
+            track = "sparse" if c.kind is Kind.SPARSE else "allreduce"
+            self.rec.span(track, c.name, t0, self.sim.now, bytes=c.nbytes)
+            self.scheduler.finished(c)
+            self.done_chunks.add(c)
+            self.finish_kind[c.step] = track if track == "sparse" else "allreduce"
+            if inline:
+                self.launcher_busy = False
+            self.kick()
+            self.resume()
+        if inline:
+            self.launcher_busy = True
+        self.group.submit(self.work.collective(c), done)
+
+    def _reduce(self, step: int) -> None:
+        if not self.has_dp:
+            return
+        sim = self.sim
+        chunks = self._plan(step)
+        t0 = sim.now
+        if self.policy.blocking:  # each chunk to completion, in order, right here
+            todo = deque(chunks)
+
+            def next_chunk():
+                if todo:
+                    c = todo.popleft()
+
+                    def done(c=c, started=sim.now):
+                        track = "sparse" if c.kind is Kind.SPARSE else "allreduce"
+                        self.rec.span(track, c.name, started, sim.now, bytes=c.nbytes)
+                        self.done_chunks.add(c)
+                        self.finish_kind[step] = track
+                        next_chunk()
+                    self.group.submit(self.work.collective(c), done)
+                else:
+                    self.resume()
+        else:
+            self.scheduler.deadline(step)
+            self.kick()
+
+        def complete() -> bool:
+            if not all(c in self.done_chunks for c in chunks):
+                return False
+            self.done_chunks.difference_update(chunks)
+            del self.chunks[step]
+            self.pending.pop(step, None)
+            sim.step_stats(self.stage, step).exposed[self.finish_kind.get(step, "allreduce")] += sim.now - t0
+            return True
+        if self.policy.blocking:
+            self._block(complete)
+            next_chunk()
+        elif not complete():
+            self._block(complete)
+
+
+@dataclass
+class Message:
+    src: int
+    posted_at: float = -1.0  # when the receiver posted its receive (-1: not yet)
+    sent_at: float = -1.0
+    delivered: bool = False
+    on_delivered: list[Callable[[], None]] = field(default_factory=list)
+
+
+class Simulation:
+    def __init__(self, schedule: Schedule, fabric: Fabric, stages: list[StageWork], activation_bytes: float,
+                 collective_streams: int = 1, record: bool = False):
+        self.schedule, self.fabric, self.stages = schedule, fabric, stages
+        self.activation_bytes = activation_bytes
+        self.collective_streams = collective_streams
+        self.record = record
+        self.now = 0.0
+        self.events: list = []
+        self.seq = itertools.count()
+        self.flow_done: dict[object, Callable[[], None]] = {}
+        self.flow_ids = itertools.count()
+        self.net_version = 0
+        self.messages: dict[tuple, Message] = {}
+        self.stats: dict[tuple[int, int], StepStats] = {}
+        self.events_run = 0
+        self.ranks = [_Rank(self, s) for s in range(schedule.n_stages)]
+
+    # ------------------------------------------------------------ clock
+
+    def at(self, t: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self.events, (t, next(self.seq), fn))
+
+    def run(self, max_events: int = 50_000_000) -> None:
+        for r in self.ranks:
+            r.advance()
+        while self.events:
+            t, _, fn = heapq.heappop(self.events)
+            self.now = t
+            fn()
+            self.events_run += 1
+            if self.events_run > max_events:
+                raise RuntimeError("simulation did not finish (event budget exhausted)")
+        stuck = [r for r in self.ranks if r.pc < len(r.groups)]
+        if stuck:
+            desc = "; ".join(f"stage {r.stage} at {' '.join(map(str, r.groups[r.pc]))}" for r in stuck)
+            raise RuntimeError(f"simulated run deadlocked: {desc}")
+
+    def step_stats(self, stage: int, step: int) -> StepStats:
+        return self.stats.setdefault((stage, step), StepStats())
+
+    # ------------------------------------------------------------ flows
+
+    def _flow(self, amount: float, uses, done: Callable[[], None]) -> None:
+        key = next(self.flow_ids)
+        self.flow_done[key] = done
+        self.fabric.net.start(key, amount, uses, self.now)
+        self._reschedule()
+
+    def _reschedule(self) -> None:
+        self.net_version += 1
+        t = self.fabric.net.next_completion()
+        if t is not None:
+            version = self.net_version
+            self.at(max(t, self.now), lambda: self._net_event(version))
+
+    def _net_event(self, version: int) -> None:
+        if version != self.net_version:
+            return  # rates changed since this completion was predicted
+        done = self.fabric.net.finished(self.now)
+        callbacks = [self.flow_done.pop(k) for k in done]
+        self._reschedule()
+        for cb in callbacks:
+            cb()
+
+    def run_compute(self, stage: int, seconds: float, done: Callable[[], None]) -> None:
+        if seconds <= 0:
+            self.at(self.now, done)
+            return
+        self._flow(seconds, self.fabric.uses[("compute", stage)], done)
+
+    def transfer(self, phases: list[Phase], done: Callable[[], None]) -> None:
+        """Run `phases` one after the other, then call `done`."""
+        if not phases:
+            self.at(self.now, done)
+            return
+        first, rest = phases[0], phases[1:]
+
+        def moved():
+            self.transfer(rest, done)
+
+        def start():
+            if first.nbytes <= 0:
+                moved()
+            else:
+                self._flow(first.nbytes, self.fabric.uses[first.cls], moved)
+        if first.latency_s > 0:
+            self.at(self.now + first.latency_s, start)
+        else:
+            start()
+
+    # ------------------------------------------------------------ P2P matching
+
+    @staticmethod
+    def _key(stage: int, a: Action) -> tuple:
+        """(direction, sending stage, micro-batch): a send and its receive meet here."""
+        if a.op is Op.SF:
+            return ("fwd", stage, a.index)
+        if a.op is Op.RF:
+            return ("fwd", stage - 1, a.index)
+        if a.op is Op.SB:
+            return ("bwd", stage, a.index)
+        return ("bwd", stage + 1, a.index)
+
+    def link_of(self, stage: int, other: int) -> str:
+        L = self.fabric.layout
+        return self.fabric.topo.link_between(L.rank(stage, 0), L.rank(other, 0))
+
+    def _message(self, key: tuple) -> Message:
+        return self.messages.setdefault(key, Message(src=key[1]))
+
+    def message_for_recv(self, stage: int, a: Action) -> Message:
+        return self._message(self._key(stage, a))
+
+    def p2p_posted(self, stage: int, a: Action) -> None:
+        key = self._key(stage, a)
+        msg = self._message(key)
+        msg.posted_at = self.now
+        self._maybe_move(key, msg)
+
+    def p2p_send(self, stage: int, a: Action) -> Message:
+        key = self._key(stage, a)
+        msg = self._message(key)
+        msg.sent_at = self.now
+        sender = self.ranks[stage]
+        dst = stage + 1 if a.op is Op.SF else stage - 1
+        if not sender.policy.blocking:
+            link = self.link_of(stage, dst)
+            sender.scheduler.p2p_started(link)
+            msg.on_delivered.append(lambda: sender.scheduler.p2p_finished(link))
+        self._maybe_move(key, msg)
+        return msg
+
+    def _maybe_move(self, key: tuple, msg: Message) -> None:
+        if msg.sent_at < 0 or msg.posted_at < 0:
+            return
+        direction, src, k = key
+        dst = src + 1 if direction == "fwd" else src - 1
+        cls = ("p2p", min(src, dst), direction)
+        t0 = self.now
+        lat = self.fabric.latency[cls]
+
+        def delivered():
+            msg.delivered = True
+            sender, receiver = self.ranks[src], self.ranks[dst]
+            sender.rec.span("p2p send", f"{'SF' if direction == 'fwd' else 'SB'}{k}", t0, self.now,
+                            bytes=self.activation_bytes)
+            for cb in msg.on_delivered:
+                cb()
+            for r in (sender, receiver):
+                r.kick()
+                r.resume()
+        self.transfer([Phase(cls, self.activation_bytes, lat)], delivered)

@@ -1,0 +1,115 @@
+"""The cluster's resources as the simulated network sees them, folded by symmetry.
+
+The replicas of a stage run the same actions on the same kind of device, and collectives
+keep them in lockstep, so the simulator runs one representative rank per stage and lets
+each of its flows stand for every copy (design choice: a 1024-GPU job becomes 8 simulated
+ranks). To keep contention exact, every physical link is still accounted for:
+
+1. A *flow class* is a set of physical transfers that happen together: the activations
+   of stage s to s+1 for all replicas, one ring step of stage s's all-reduce, ...
+2. Each physical resource (a rank's intra-node port up/down, a node's inter-node uplink
+   and downlink, a device, a shared CPU pool) gets a usage vector: how many copies of each
+   class cross it. Resources with equal vectors are interchangeable and become one
+   *resource class*; a class's flow uses it with weight = that count.
+
+Max-min sharing on the folded problem gives every copy of a class the rate of the
+slowest copy, which is what lockstep replicas see. The assumption: replicas are
+symmetric. A layout whose copies meet different contention is modelled at its slowest.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..plan.layout import Layout
+from ..plan.topology import INTER, Topology
+from .network import Network, Uses
+
+# Flow classes: ("p2p", s, "fwd"|"bwd"), ("ring", s), ("local", s), ("leaders", s),
+# ("bcast", s), ("compute", s).
+FlowClass = tuple
+
+
+@dataclass
+class Fabric:
+    layout: Layout
+    topo: Topology
+    shared_cores: int | None = None  # all ranks share this many cores (the testbed: one host)
+    net: Network = field(default_factory=Network)
+    uses: dict[FlowClass, Uses] = field(default_factory=dict)
+    latency: dict[FlowClass, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        classes = self._physical()
+        per_resource: dict[tuple, Counter] = {}
+        for cls, (resources, _lat) in classes.items():
+            for res, n in Counter(resources).items():
+                per_resource.setdefault(res, Counter())[cls] = n
+        ids: dict[tuple, int] = {}  # (capacity kind, usage vector) -> folded resource id
+        folded: dict[FlowClass, dict[int, float]] = {cls: {} for cls in classes}
+        for res, usage in per_resource.items():
+            sig = (res[0], frozenset(usage.items()))
+            if sig not in ids:
+                ids[sig] = self.net.resource(f"{res[0]}x{len(ids)}", self._capacity(res[0]))
+            for cls, n in usage.items():
+                folded[cls][ids[sig]] = max(folded[cls].get(ids[sig], 0.0), float(n))
+        self.uses = {cls: tuple(sorted(u.items())) for cls, u in folded.items()}
+        self.latency = {cls: lat for cls, (_res, lat) in classes.items()}
+        self.n_resources = len(ids)
+
+    def _capacity(self, kind: str) -> float:
+        if kind in ("port-up", "port-down"):
+            return self.topo.intra.bytes_per_s
+        if kind in ("node-up", "node-down"):
+            return self.topo.inter.bytes_per_s
+        if kind == "cpu":
+            return float(self.shared_cores)
+        return 1.0  # a device does one second of work per second
+
+    def _pair(self, a: int, b: int) -> tuple[list[tuple], float]:
+        t = self.topo
+        if t.link_between(a, b) == INTER:
+            return [("node-up", t.node_of(a)), ("node-down", t.node_of(b))], t.inter.latency_s
+        return [("port-up", a), ("port-down", b)], t.intra.latency_s
+
+    def _pairs(self, pairs: list[tuple[int, int]]) -> tuple[list[tuple], float]:
+        res: list[tuple] = []
+        lat = 0.0
+        for a, b in pairs:
+            r, latency = self._pair(a, b)
+            res += r
+            lat = max(lat, latency)
+        return res, lat
+
+    def _physical(self) -> dict[FlowClass, tuple[list[tuple], float]]:
+        """Every flow class with the physical resources its copies cross (with repeats)."""
+        L, t = self.layout, self.topo
+        out: dict[FlowClass, tuple[list[tuple], float]] = {}
+        for s in range(L.pp):
+            ranks = L.dp_group(s)
+            out[("compute", s)] = ([("device", r) for r in ranks] + ([("cpu",)] * len(ranks) if self.shared_cores else []),
+                                   0.0)
+            if s < L.pp - 1:
+                fwd = [(L.rank(s, r), L.rank(s + 1, r)) for r in range(L.dp)]
+                out[("p2p", s, "fwd")] = self._pairs(fwd)
+                out[("p2p", s, "bwd")] = self._pairs([(b, a) for a, b in fwd])
+            if L.dp > 1:
+                out[("ring", s)] = self._pairs([(ranks[i], ranks[(i + 1) % len(ranks)]) for i in range(len(ranks))])
+                by_node: dict[int, list[int]] = {}
+                for r in ranks:
+                    by_node.setdefault(t.node_of(r), []).append(r)
+                local = [(m[i], m[(i + 1) % len(m)]) for m in by_node.values() if len(m) > 1 for i in range(len(m))]
+                leaders = [m[0] for m in by_node.values()]
+                if local:
+                    out[("local", s)] = self._pairs(local)
+                    out[("bcast", s)] = self._pairs([(m[0], x) for m in by_node.values() for x in m[1:]])
+                if len(leaders) > 1:
+                    out[("leaders", s)] = self._pairs([(leaders[i], leaders[(i + 1) % len(leaders)])
+                                                       for i in range(len(leaders))])
+        return out
+
+    def local_sizes(self, stage: int) -> tuple[int, int]:
+        """(largest number of a stage's replicas on one node, nodes the stage spans)."""
+        per_node = Counter(self.topo.node_of(r) for r in self.layout.dp_group(stage))
+        return max(per_node.values()), len(per_node)

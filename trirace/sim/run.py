@@ -1,0 +1,213 @@
+"""Predict a training job: plan it exactly as the runtime would, then run the simulated
+executor and summarise what it saw.
+
+Planning calls the same functions as runtime/trainer.py: the partition (balanced on the
+compute model's per-layer times, as the runtime balances measured ones), the placement
+(`TrainConfig.placement`), `stage_policy`, `schedule_for_policy`, `plan_reduction`, the
+hierarchical all-reduce decision and the embedding-exchange cost model.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..comm import sparse as sparse_cost
+from ..comm.policies import POLICIES, stage_policy
+from ..config import TrainConfig
+from ..errors import UsageError
+from ..models import layer_param_counts
+from ..models.build import layer_param_numels
+from ..obs.timeline import write_trace
+from ..plan import Layout, balance, build_schedule, stage_ranges
+from ..plan.bounds import Bound, link_bytes, lower_bound
+from ..plan.schedule import schedule_for_policy
+from ..plan.topology import Topology, hierarchical_pays
+from ..plan.transfers import Chunk, Kind
+from .calibration import Calibration
+from .cluster import Cluster
+from .compute import ComputeModel, stage_memory
+from .executor import Phase, Simulation, StageWork
+from .fabric import Fabric
+
+WARMUP_STEPS = 2  # as trirace bench: the first steps fill the pipeline and are dropped
+
+
+@dataclass
+class SimResult:
+    policy: str
+    iteration_time_s: float  # median step time after warm-up
+    tokens_per_s: float
+    lower_bound_s: float
+    bound_binding: str
+    overlap_efficiency: float
+    exposed_comm_s: dict[str, float]  # per kind, mean per rank and step
+    step_times_s: list[float]
+    memory_gb: list[float]  # peak per stage
+    in_flight: list[int]  # peak micro-batches kept for backward, per stage
+    hierarchical: list[bool]
+    partition: list[int]
+    rank_order: str
+    chunk_mb: float | None
+    embedding_method: str | None
+    compute_source: str
+    simulated_ranks: int
+    events: int
+    wall_s: float
+    extra: dict = field(default_factory=dict)
+
+
+def ring(cls: tuple, n: int, nbytes: float, alpha: float) -> list[Phase]:
+    """A ring all-reduce of `nbytes` over n members: n-1 reduce-scatter steps, then n-1
+    all-gather steps, each moving nbytes/n per member. Consecutive steps cross the same
+    links with the same bytes, so each half is one phase (exact in the fluid model while
+    contention holds still during it)."""
+    if n <= 1:
+        return []
+    half = Phase(cls, (n - 1) / n * nbytes, (n - 1) * alpha)
+    return [half, half]
+
+
+def expected_rows(vocab: int, tokens: int, zipf_s: float = 1.0) -> float:
+    """Distinct ids among `tokens` draws from a Zipf(s) vocabulary, the shape of real text
+    (used when no calibration measured the training data)."""
+    import numpy as np
+
+    p = 1.0 / np.arange(1, vocab + 1) ** zipf_s
+    p /= p.sum()
+    return float(np.sum(-np.expm1(tokens * np.log1p(-p))))
+
+
+def plan_partition(cfg: TrainConfig, compute: ComputeModel) -> list[int]:
+    if cfg.partition is not None:
+        return list(cfg.partition)
+    if cfg.balance == "params":
+        return balance([float(c) for c in layer_param_counts(cfg.spec)], cfg.pp)
+    return balance([f + b for f, b in zip(compute.forward_s, compute.backward_s)], cfg.pp)
+
+
+def apply_calibration(cluster: Cluster, topo: Topology, cal: Calibration | None) -> Topology:
+    """Measured links replace nominal ones (only for the cluster the calibration was taken on)."""
+    if cal is None:
+        return topo
+    if cal.cluster != cluster.name:
+        raise UsageError(f"calibration was taken on cluster {cal.cluster!r}, not {cluster.name!r}")
+    intra, inter = cal.link("intra"), cal.link("inter")
+    return Topology(topo.nodes, topo.ranks_per_node, intra or topo.intra, inter or topo.inter)
+
+
+def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calibration | None = None,
+             trace_out: Path | None = None) -> SimResult:
+    wall0 = time.perf_counter()
+    spec = cfg.spec
+    if spec.tie_embeddings and cfg.pp > 1:
+        raise UsageError("simulate does not model tied embeddings across stages yet")
+    if policy not in POLICIES:
+        raise UsageError(f"unknown communication policy {policy!r}; choose from {', '.join(POLICIES)}")
+    topo = apply_calibration(cluster, cluster.topology(cfg.world_size), calibration)
+    compute = ComputeModel.build(spec, cfg.micro_batch_size, cfg.tokens_seq, cluster.device, cfg.optimizer,
+                                 calibration)
+    sizes = plan_partition(cfg, compute)
+    layout = Layout(cfg.pp, cfg.dp, cfg.placement(topo, sizes))
+    fabric = Fabric(layout, topo, cluster.shared_cores)
+    numels_by_layer = layer_param_numels(spec)
+    grad_bytes = cfg.stage_grad_bytes(sizes)
+    m = cfg.micro_batches
+    tokens_per_replica_step = m * cfg.micro_batch_size * cfg.tokens_seq
+    if calibration is not None and calibration.rows_touched.get(str(tokens_per_replica_step)):
+        rows = calibration.rows_touched[str(tokens_per_replica_step)]
+    else:
+        rows = expected_rows(spec.vocab_size, tokens_per_replica_step)
+    stages, hier, methods = [], [], []
+    base = build_schedule(cfg.schedule, cfg.pp, m, cfg.steps)
+    for s, layers in enumerate(stage_ranges(sizes)):
+        ranks = layout.dp_group(s)
+        link_cls = topo.group_link(ranks)
+        link = topo.link(link_cls)
+        pol = stage_policy(policy, cfg.partition_mb, cfg.credit_mb, link.bytes_per_s)
+        use_hier = pol.name == "trirace" and hierarchical_pays(topo, ranks, grad_bytes[s])
+        hier.append(use_hier)
+        numels = [n for i in layers for n in numels_by_layer[i]]
+        firsts = [0]
+        for i in layers:
+            firsts.append(firsts[-1] + len(numels_by_layer[i]))
+        bwd_params = [(firsts[j], firsts[j + 1]) for j in reversed(range(len(layers)))]
+        fwd_s, bwd_s = compute.stage(layers)
+        sparse_param = 0 if (layers.start == 0 and cfg.embedding_comm != "dense" and cfg.dp > 1) else None
+        method = None
+        if sparse_param is not None:
+            method = cfg.embedding_comm
+            if method == "auto":
+                method = sparse_cost.choose(cfg.dp, spec.vocab_size, spec.d_model, math.ceil(rows),
+                                            alpha_s=link.latency_s, bytes_per_s=link.bytes_per_s)
+            methods.append(method)
+        stages.append(StageWork(fwd_s, bwd_s, bwd_params, compute.optimizer_s_per_param * sum(numels), numels, pol,
+                                _collective(s, fabric, topo, use_hier, method, rows, spec.vocab_size, spec.d_model),
+                                lambda c, h=use_hier: c.kind is Kind.SPARSE or h, sparse_param))
+    sched = schedule_for_policy(base, stages[0].policy.defer_updates, False)
+    sim = Simulation(sched, fabric, stages, cfg.activation_bytes, cluster.collective_streams,
+                     record=trace_out is not None)
+    sim.run()
+
+    ends = [sim.stats[(cfg.pp - 1, t)].end for t in range(cfg.steps)]
+    steps = [b - a for a, b in zip([0.0, *ends[:-1]], ends)]
+    kept = list(range(min(WARMUP_STEPS, cfg.steps - 1), cfg.steps))
+    it = statistics.median(steps[t] for t in kept)
+    exposed = {k: statistics.fmean(sim.stats[(s, t)].exposed[k] for s in range(cfg.pp) for t in kept)
+               for k in ("p2p", "allreduce", "sparse")}
+    bound = _bound(cfg, layout, topo, cluster, stages, sizes)
+    versions = base.staleness + 1
+    mem = [stage_memory(spec, layers, cfg.micro_batch_size, cfg.tokens_seq, r.peak_in_flight, versions,
+                        cfg.optimizer)["total"] / 1e9 for layers, r in zip(stage_ranges(sizes), sim.ranks)]
+    if trace_out is not None:
+        _trace(sim, trace_out, cfg)
+    chunk = stages[0].policy.partition_bytes
+    return SimResult(policy, it, cfg.tokens_per_step / it, bound.seconds, bound.binding, bound.seconds / it,
+                     exposed, steps, mem, [r.peak_in_flight for r in sim.ranks], hier, sizes, layout.order,
+                     chunk / 2**20 if chunk else None, methods[0] if methods else None, compute.source,
+                     len(sim.ranks), sim.events_run, time.perf_counter() - wall0)
+
+
+def _collective(stage: int, fabric: Fabric, topo: Topology, hierarchical: bool, method: str | None, rows: float,
+                vocab: int, dim: int):
+    n = fabric.layout.dp
+    local, k = fabric.local_sizes(stage)
+    a_ring = fabric.latency.get(("ring", stage), 0.0)
+
+    def phases(c: Chunk) -> list[Phase]:
+        if c.kind is Kind.SPARSE:  # the table's rows, by the method the cost model picks
+            cost = sparse_cost.breakdown(method, n, vocab, dim, math.ceil(rows))
+            return [Phase(("ring", stage), cost.bytes_per_worker, cost.latency_steps * a_ring)]
+        if not hierarchical:
+            return ring(("ring", stage), n, c.nbytes, a_ring)
+        # runtime/hierarchical.py: all-reduce in each node, among one leader per node, then broadcast
+        a_local = fabric.latency.get(("local", stage), 0.0)
+        return (ring(("local", stage), local, c.nbytes, a_local)
+                + ring(("leaders", stage), k, c.nbytes, fabric.latency.get(("leaders", stage), 0.0))
+                + [Phase(("bcast", stage), c.nbytes, fabric.latency.get(("bcast", stage), 0.0))])
+    return phases
+
+
+def _bound(cfg: TrainConfig, layout: Layout, topo: Topology, cluster: Cluster, stages: list[StageWork],
+           sizes: list[int]) -> Bound:
+    m = cfg.micro_batches
+    per_stage = [m * (w.forward_s + sum(w.backward_s)) + w.optimizer_s for w in stages]
+    per_rank = [per_stage[layout.coords(r)[0]] for r in range(layout.world_size)]
+    load = link_bytes(layout, topo, m, cfg.activation_bytes, cfg.stage_grad_bytes(sizes))
+    return lower_bound(per_rank, cluster.shared_cores or layout.world_size, load, topo)
+
+
+def _trace(sim: Simulation, out: Path, cfg: TrainConfig) -> None:
+    events = []
+    for r in sim.ranks:
+        evs = r.rec.events(0.0)
+        evs[0]["args"]["name"] = f"stage {r.stage} (rank {r.rank}, stands for {cfg.dp} replicas)"
+        events += evs
+    write_trace(Path(out), events)
+
+
+def as_dict(r: SimResult) -> dict:
+    return asdict(r)
