@@ -45,8 +45,11 @@ class Cluster:
     description: str = ""
 
     def topology(self, world_size: int) -> Topology:
-        nodes = self.nodes if self.nodes is not None else -(-world_size // self.ranks_per_node)
-        topo = Topology(nodes, self.ranks_per_node, self.intra, self.inter)
+        rpn = self.ranks_per_node
+        if self.nodes is None and world_size < rpn:
+            rpn = world_size  # a job smaller than a node runs on part of one
+        nodes = self.nodes if self.nodes is not None else -(-world_size // rpn)
+        topo = Topology(nodes, rpn, self.intra, self.inter)
         if topo.world_size != world_size:
             raise UsageError(f"cluster {self.name} has {nodes} x {self.ranks_per_node} = {topo.world_size} devices "
                              f"but pp x dp = {world_size}")
