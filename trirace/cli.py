@@ -199,10 +199,10 @@ def _simulate(args: argparse.Namespace) -> int:
     trace = Path(args.trace_out) / "trace.json" if args.trace_out else None
     if args.sweep:
         payload = report.sweep(cfg, cluster, policies, cal)
-        print(report.sweep_table(payload))
+        print(report.sweep_table(payload), flush=True)
     else:
         payload = report.compare(cfg, cluster, policies, cal, trace)
-        print(report.table(payload))
+        print(report.table(payload), flush=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
