@@ -116,6 +116,18 @@ def load_topology(path: str | Path) -> Topology:
         raise UsageError(f"topology file {p}: {e}") from None
 
 
+def link_from_dict(data: dict, key: str, default: Link) -> Link:
+    """`data[key]` as {bandwidth, latency}, either omitted taking `default`'s."""
+    spec = data.get(key) or {}
+    if not isinstance(spec, dict) or set(spec) - {"bandwidth", "latency"}:
+        raise ValueError(f"{key}: expected {{bandwidth, latency}}")
+    bw = parse_rate(spec["bandwidth"]) if "bandwidth" in spec else default.bits_per_s
+    lat = parse_time(spec["latency"]) if "latency" in spec else default.latency_s
+    if bw <= 0 or lat < 0:
+        raise ValueError(f"{key}: bandwidth must be positive and latency non-negative")
+    return Link(bw, lat)
+
+
 def topology_from_dict(data: dict) -> Topology:
     unknown = set(data) - {"nodes", "ranks_per_node", "intra", "inter"}
     if unknown:
@@ -124,17 +136,7 @@ def topology_from_dict(data: dict) -> Topology:
     if nodes < 1 or rpn < 1:
         raise ValueError("nodes and ranks_per_node must be at least 1")
 
-    def link(key: str, default: Link) -> Link:
-        spec = data.get(key) or {}
-        if not isinstance(spec, dict) or set(spec) - {"bandwidth", "latency"}:
-            raise ValueError(f"{key}: expected {{bandwidth, latency}}")
-        bw = parse_rate(spec["bandwidth"]) if "bandwidth" in spec else default.bits_per_s
-        lat = parse_time(spec["latency"]) if "latency" in spec else default.latency_s
-        if bw <= 0 or lat < 0:
-            raise ValueError(f"{key}: bandwidth must be positive and latency non-negative")
-        return Link(bw, lat)
-
-    return Topology(nodes, rpn, link("intra", DEFAULT_INTRA), link("inter", DEFAULT_INTER))
+    return Topology(nodes, rpn, link_from_dict(data, "intra", DEFAULT_INTRA), link_from_dict(data, "inter", DEFAULT_INTER))
 
 
 def choose_rank_order(topo: Topology, pp: int, dp: int, p2p_bytes: float, allreduce_bytes: float) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import UsageError
-from ..plan.topology import Link, Topology, parse_rate, parse_time
+from ..plan.topology import Link, Topology, link_from_dict, parse_rate
 from ..yamlfile import read_mapping
 
 
@@ -119,16 +119,6 @@ def _from_dict(data: dict, name: str) -> Cluster:
         raise ValueError(f"base: unknown preset {base_name!r}")
     base = PRESETS[base_name]
 
-    def link(key: str, default: Link) -> Link:
-        spec = data.get(key) or {}
-        if not isinstance(spec, dict) or set(spec) - {"bandwidth", "latency"}:
-            raise ValueError(f"{key}: expected {{bandwidth, latency}}")
-        bw = parse_rate(spec["bandwidth"]) if "bandwidth" in spec else default.bits_per_s
-        lat = parse_time(spec["latency"]) if "latency" in spec else default.latency_s
-        if bw <= 0 or lat < 0:
-            raise ValueError(f"{key}: bandwidth must be positive and latency non-negative")
-        return Link(bw, lat)
-
     dev = data.get("device") or {}
     if not isinstance(dev, dict) or set(dev) - {"name", "peak_flops", "efficiency", "memory", "memory_bandwidth"}:
         raise ValueError("device: expected {name, peak_flops, efficiency, memory, memory_bandwidth}")
@@ -143,6 +133,6 @@ def _from_dict(data: dict, name: str) -> Cluster:
     if rpn < 1 or (nodes is not None and int(nodes) < 1):
         raise ValueError("nodes and ranks_per_node must be at least 1")
     cores = data.get("shared_cores", base.shared_cores)
-    return Cluster(str(data.get("name", name)), rpn, link("intra", base.intra), link("inter", base.inter), device,
+    return Cluster(str(data.get("name", name)), rpn, link_from_dict(data, "intra", base.intra), link_from_dict(data, "inter", base.inter), device,
                    int(nodes) if nodes is not None else None, int(cores) if cores else None,
                    int(data.get("collective_streams", base.collective_streams)), str(data.get("description", "")))

@@ -158,7 +158,7 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     it = statistics.median(steps[t] for t in kept)
     exposed = {k: statistics.fmean(sim.stats[(s, t)].exposed[k] for s in range(cfg.pp) for t in kept)
                for k in ("p2p", "allreduce", "sparse")}
-    bound = _bound(cfg, layout, topo, cluster, stages, sizes)
+    bound = _bound(cfg, layout, topo, cluster, stages, _reduced_bytes(cfg, grad_bytes, methods, rows))
     versions = base.staleness + 1
     mem = [stage_memory(spec, layers, cfg.micro_batch_size, cfg.tokens_seq, r.peak_in_flight, versions,
                         cfg.optimizer)["total"] / 1e9 for layers, r in zip(stage_ranges(sizes), sim.ranks)]
@@ -191,12 +191,24 @@ def _collective(stage: int, fabric: Fabric, topo: Topology, hierarchical: bool, 
     return phases
 
 
+def _reduced_bytes(cfg: TrainConfig, grad_bytes: list[int], methods: list[str], rows: float) -> list[float]:
+    """Per stage, the gradient bytes a ring all-reduce would carry to move what the stage
+    really exchanges: the token table counts at its sparse method's bytes, not densely."""
+    out = [float(b) for b in grad_bytes]
+    if methods and cfg.dp > 1:
+        spec, n = cfg.spec, cfg.dp
+        table = 4 * spec.vocab_size * spec.d_model
+        sent = sparse_cost.breakdown(methods[0], n, spec.vocab_size, spec.d_model, math.ceil(rows)).bytes_per_worker
+        out[0] += sent * n / (2 * (n - 1)) - table
+    return out
+
+
 def _bound(cfg: TrainConfig, layout: Layout, topo: Topology, cluster: Cluster, stages: list[StageWork],
-           sizes: list[int]) -> Bound:
+           reduced_bytes: list[float]) -> Bound:
     m = cfg.micro_batches
     per_stage = [m * (w.forward_s + sum(w.backward_s)) + w.optimizer_s for w in stages]
     per_rank = [per_stage[layout.coords(r)[0]] for r in range(layout.world_size)]
-    load = link_bytes(layout, topo, m, cfg.activation_bytes, cfg.stage_grad_bytes(sizes))
+    load = link_bytes(layout, topo, m, cfg.activation_bytes, reduced_bytes)
     return lower_bound(per_rank, cluster.shared_cores or layout.world_size, load, topo)
 
 
