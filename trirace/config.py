@@ -7,6 +7,7 @@ here, with its default and its constraint.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ConfigError, UsageError
 from .yamlfile import read_mapping
 from .models import PRESETS, ModelSpec, layer_names, layer_param_counts
-from .plan.partition import check_sizes, stage_sums
+from .plan.partition import balance, check_sizes, stage_sums
 from .plan.topology import Topology, choose_rank_order
 
 
@@ -138,6 +139,15 @@ class TrainConfig(BaseModel):
         """Bytes of each stage's gradient (fp32) under a partition."""
         return [4 * n for n in stage_sums(layer_param_counts(self.spec), partition)]
 
+    def stage_sizes(self, layer_times: Callable[[], list[float]]) -> list[int]:
+        """Layers per stage: the explicit override, or a balance of parameters or of per-layer
+        time, which `layer_times` supplies (measured by the runtime, modelled by the simulator)."""
+        if self.partition is not None:
+            return list(self.partition)
+        if self.balance == "params":
+            return balance([float(c) for c in layer_param_counts(self.spec)], self.pp)
+        return balance(layer_times(), self.pp)
+
     def traffic_per_step(self, partition: list[int]) -> tuple[float, float]:
         """(P2P bytes a middle stage sends, all-reduce bytes the heaviest stage's ranks send)
         per step: what placement weighs to keep the heavier traffic inside nodes."""
@@ -152,8 +162,12 @@ class TrainConfig(BaseModel):
         return choose_rank_order(topo, self.pp, self.dp, *self.traffic_per_step(partition))
 
     @property
+    def tokens_per_replica_step(self) -> int:
+        return self.micro_batches * self.micro_batch_size * self.tokens_seq
+
+    @property
     def tokens_per_step(self) -> int:
-        return self.dp * self.micro_batches * self.micro_batch_size * self.tokens_seq
+        return self.dp * self.tokens_per_replica_step
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

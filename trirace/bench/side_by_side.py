@@ -9,7 +9,6 @@ the same for every system, so overlap efficiency compares them on one scale.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import statistics
 import tempfile
@@ -68,25 +67,12 @@ def _testbed(cluster: Cluster):
         return
     from .. import testbed
 
-    # One testbed per machine: a second bench would tear this one down under our feet.
-    lock_path = Path("/run/trirace/bench.lock")
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    lock = open(lock_path, "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        raise UsageError("another trirace bench is using the emulated testbed on this machine") from None
-    tb = testbed.up(cluster.nodes, cluster.ranks_per_node, cluster.link, mtu=cluster.mtu)
-    try:
-        with tempfile.TemporaryDirectory(prefix="trirace-bench-") as tmp:
-            topo = Path(tmp) / "topology.yaml"
-            topo.write_text(f"nodes: {cluster.nodes}\nranks_per_node: {cluster.ranks_per_node}\n"
-                            f"inter: {{bandwidth: {cluster.link}, latency: 100us}}\n")
-            yield tb.rank_command, tb.rank_env, topo
-    finally:
-        testbed.down()
-        lock.close()
+    with testbed.held(cluster.nodes, cluster.ranks_per_node, cluster.link, cluster.mtu) as tb, \
+            tempfile.TemporaryDirectory(prefix="trirace-bench-") as tmp:
+        topo = Path(tmp) / "topology.yaml"
+        topo.write_text(f"nodes: {cluster.nodes}\nranks_per_node: {cluster.ranks_per_node}\n"
+                        f"inter: {{bandwidth: {cluster.link}, latency: 100us}}\n")
+        yield tb.rank_command, tb.rank_env, topo
 
 
 def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS, rounds: int = 2) -> dict:

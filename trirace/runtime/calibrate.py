@@ -113,13 +113,10 @@ def probe_pair(across_nodes: bool, link: str | None = None, mtu: int = 9000, tim
     """Ping-pong between two real processes: on two testbed nodes (`link` rate) or on loopback."""
     from contextlib import nullcontext
 
-    tb_ctx = nullcontext(None)
-    if across_nodes:
-        from .. import testbed
+    from .. import testbed
 
-        tb = testbed.up(2, 1, link, mtu=mtu)
-        tb_ctx = _Down(tb)
-    with tb_ctx as tb, tempfile.TemporaryDirectory(prefix="trirace-profile-") as tmp:
+    held = testbed.held(2, 1, link, mtu) if across_nodes else nullcontext(None)
+    with held as tb, tempfile.TemporaryDirectory(prefix="trirace-profile-") as tmp:
         store, out = Path(tmp) / "store", Path(tmp) / "link.json"
         procs = []
         for r in range(2):
@@ -133,20 +130,6 @@ def probe_pair(across_nodes: bool, link: str | None = None, mtu: int = 9000, tim
         return json.loads(out.read_text())
 
 
-class _Down:
-    def __init__(self, tb):
-        self.tb = tb
-
-    def __enter__(self):
-        return self.tb
-
-    def __exit__(self, *exc):
-        from .. import testbed
-
-        testbed.down()
-        return False
-
-
 def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None, mtu: int = 9000,
             intra: bool = True) -> Calibration:
     threads = max(1, (os.cpu_count() or 1) // cfg.world_size)  # as runtime/worker.py gives each rank
@@ -157,6 +140,5 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         links["intra"] = probe_pair(False)
     if link is not None:
         links["inter"] = probe_pair(True, link, mtu)
-    tokens = cfg.micro_batches * cfg.micro_batch_size * cfg.tokens_seq
     return Calibration(cfg.model, cfg.micro_batch_size, cfg.tokens_seq, threads, fwd, bwd, per_param, cluster,
-                       links, {str(tokens): rows_touched(cfg)}, socket.gethostname())
+                       links, {str(cfg.tokens_per_replica_step): rows_touched(cfg)}, socket.gethostname())

@@ -14,8 +14,7 @@ from tqdm import tqdm
 from ..config import TrainConfig
 from ..data import BatchSampler, load_tokens
 from ..errors import UsageError
-from ..models import layer_param_counts
-from ..plan import Layout, balance, build_schedule, stage_ranges
+from ..plan import Layout, build_schedule, stage_ranges
 from ..comm.policies import stage_policy
 from ..comm.autotune import Tuner
 from ..comm.policies import MiB
@@ -43,14 +42,10 @@ def batch_fn(cfg: TrainConfig, sampler: BatchSampler) -> BatchFn:
 
 def plan_partition(cfg: TrainConfig, sampler: BatchSampler | None = None) -> list[int]:
     """Layers per stage: the explicit override, or a balance of parameters or measured time."""
-    if cfg.partition is not None:
-        return list(cfg.partition)
-    if cfg.balance == "params":
-        return balance([float(c) for c in layer_param_counts(cfg.spec)], cfg.pp)
-    sampler = sampler or sampler_for(cfg)
-    inputs, targets = batch_fn(cfg, sampler)(0, 0)
-    return balance(profile_layers(cfg.spec, inputs, targets, cfg.seed), cfg.pp)
-
+    def measured() -> list[float]:
+        inputs, targets = batch_fn(cfg, sampler or sampler_for(cfg))(0, 0)
+        return profile_layers(cfg.spec, inputs, targets, cfg.seed)
+    return cfg.stage_sizes(measured)
 
 def default_device() -> torch.device:
     if dist.is_initialized() and dist.get_backend() == "nccl":

@@ -62,7 +62,6 @@ class StageWork:
 class StepStats:
     end: float = 0.0
     exposed: dict[str, float] = field(default_factory=lambda: {"p2p": 0.0, "allreduce": 0.0, "sparse": 0.0})
-    compute_s: float = 0.0
 
 
 class _Group:
@@ -161,10 +160,8 @@ class _Rank:
         def done():
             box["done"] = True
             self.rec.span("compute", str(a), t0, self.sim.now)
-            st = self.sim.step_stats(self.stage, self._step(a))
-            st.compute_s += self.sim.now - t0
             if a.op is Op.OPT:
-                st.end = self.sim.now
+                self.sim.step_stats(self.stage, a.index).end = self.sim.now
             if then:
                 then()
             self.resume()
@@ -195,7 +192,6 @@ class _Rank:
                 self.kick()
                 box["done"] = True
                 self.rec.span("compute", str(a), t0, self.sim.now)
-                self.sim.step_stats(self.stage, step).compute_s += self.sim.now - t0
                 self.resume()
                 return
             self.sim.run_compute(self.stage, layers[i][0], lambda: layer(i + 1))
@@ -281,23 +277,30 @@ class _Rank:
             c = self.launch_queue.popleft()
             self._launch(c)
 
-    def _launch(self, c: Chunk) -> None:
+    def _run_chunk(self, c: Chunk, then: Callable[[], None]) -> None:
+        """Submit `c` to the group; when it is done, record it and call `then`."""
         t0 = self.sim.now
-        inline = self.work.inline(c)
 
         def done():
             track = "sparse" if c.kind is Kind.SPARSE else "allreduce"
             self.rec.span(track, c.name, t0, self.sim.now, bytes=c.nbytes)
-            self.scheduler.finished(c)
             self.done_chunks.add(c)
-            self.finish_kind[c.step] = track if track == "sparse" else "allreduce"
+            self.finish_kind[c.step] = track
+            then()
+        self.group.submit(self.work.collective(c), done)
+
+    def _launch(self, c: Chunk) -> None:
+        inline = self.work.inline(c)
+
+        def done():
+            self.scheduler.finished(c)
             if inline:
                 self.launcher_busy = False
             self.kick()
             self.resume()
         if inline:
             self.launcher_busy = True
-        self.group.submit(self.work.collective(c), done)
+        self._run_chunk(c, done)
 
     def _reduce(self, step: int) -> None:
         if not self.has_dp:
@@ -310,15 +313,7 @@ class _Rank:
 
             def next_chunk():
                 if todo:
-                    c = todo.popleft()
-
-                    def done(c=c, started=sim.now):
-                        track = "sparse" if c.kind is Kind.SPARSE else "allreduce"
-                        self.rec.span(track, c.name, started, sim.now, bytes=c.nbytes)
-                        self.done_chunks.add(c)
-                        self.finish_kind[step] = track
-                        next_chunk()
-                    self.group.submit(self.work.collective(c), done)
+                    self._run_chunk(todo.popleft(), next_chunk)
                 else:
                     self.resume()
         else:

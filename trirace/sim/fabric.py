@@ -56,7 +56,6 @@ class Fabric:
                 folded[cls][ids[sig]] = max(folded[cls].get(ids[sig], 0.0), float(n))
         self.uses = {cls: tuple(sorted(u.items())) for cls, u in folded.items()}
         self.latency = {cls: lat for cls, (_res, lat) in classes.items()}
-        self.n_resources = len(ids)
 
     def _capacity(self, kind: str) -> float:
         if kind in ("port-up", "port-down"):

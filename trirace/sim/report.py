@@ -12,11 +12,11 @@ from ..config import TrainConfig, make_config
 from ..errors import ConfigError, UsageError
 from .calibration import Calibration
 from .cluster import Cluster
-from .run import simulate
+from .run import apply_calibration, simulate
 
 
 def _job(cfg: TrainConfig, cluster: Cluster, cal: Calibration | None) -> dict:
-    topo = cluster.topology(cfg.world_size)
+    topo = apply_calibration(cluster, cluster.topology(cfg.world_size), cal)
     return {"model": cfg.model, "schedule": cfg.schedule, "pp": cfg.pp, "dp": cfg.dp,
             "micro_batches": cfg.micro_batches, "micro_batch_size": cfg.micro_batch_size, "seq_len": cfg.tokens_seq,
             "steps": cfg.steps, "tokens_per_step": cfg.tokens_per_step,

@@ -12,17 +12,16 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..comm import sparse as sparse_cost
 from ..comm.policies import POLICIES, stage_policy
 from ..config import TrainConfig
 from ..errors import UsageError
-from ..models import layer_param_counts
 from ..models.build import layer_param_numels
 from ..obs.timeline import write_trace
-from ..plan import Layout, balance, build_schedule, stage_ranges
+from ..plan import Layout, build_schedule, stage_ranges
 from ..plan.bounds import Bound, link_bytes, lower_bound
 from ..plan.schedule import schedule_for_policy
 from ..plan.topology import Topology, hierarchical_pays
@@ -57,7 +56,6 @@ class SimResult:
     simulated_ranks: int
     events: int
     wall_s: float
-    extra: dict = field(default_factory=dict)
 
 
 def ring(cls: tuple, n: int, nbytes: float, alpha: float) -> list[Phase]:
@@ -81,14 +79,6 @@ def expected_rows(vocab: int, tokens: int, zipf_s: float = 1.0) -> float:
     return float(np.sum(-np.expm1(tokens * np.log1p(-p))))
 
 
-def plan_partition(cfg: TrainConfig, compute: ComputeModel) -> list[int]:
-    if cfg.partition is not None:
-        return list(cfg.partition)
-    if cfg.balance == "params":
-        return balance([float(c) for c in layer_param_counts(cfg.spec)], cfg.pp)
-    return balance([f + b for f, b in zip(compute.forward_s, compute.backward_s)], cfg.pp)
-
-
 def apply_calibration(cluster: Cluster, topo: Topology, cal: Calibration | None) -> Topology:
     """Measured links replace nominal ones (only for the cluster the calibration was taken on)."""
     if cal is None:
@@ -110,17 +100,17 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     topo = apply_calibration(cluster, cluster.topology(cfg.world_size), calibration)
     compute = ComputeModel.build(spec, cfg.micro_batch_size, cfg.tokens_seq, cluster.device, cfg.optimizer,
                                  calibration)
-    sizes = plan_partition(cfg, compute)
+    sizes = cfg.stage_sizes(lambda: [f + b for f, b in zip(compute.forward_s, compute.backward_s)])
     layout = Layout(cfg.pp, cfg.dp, cfg.placement(topo, sizes))
     fabric = Fabric(layout, topo, cluster.shared_cores)
     numels_by_layer = layer_param_numels(spec)
     grad_bytes = cfg.stage_grad_bytes(sizes)
     m = cfg.micro_batches
-    tokens_per_replica_step = m * cfg.micro_batch_size * cfg.tokens_seq
-    if calibration is not None and calibration.rows_touched.get(str(tokens_per_replica_step)):
-        rows = calibration.rows_touched[str(tokens_per_replica_step)]
+    tokens = cfg.tokens_per_replica_step
+    if calibration is not None and calibration.rows_touched.get(str(tokens)):
+        rows = calibration.rows_touched[str(tokens)]
     else:
-        rows = expected_rows(spec.vocab_size, tokens_per_replica_step)
+        rows = expected_rows(spec.vocab_size, tokens)
     stages, hier, methods = [], [], []
     base = build_schedule(cfg.schedule, cfg.pp, m, cfg.steps)
     for s, layers in enumerate(stage_ranges(sizes)):
@@ -220,6 +210,3 @@ def _trace(sim: Simulation, out: Path, cfg: TrainConfig) -> None:
         events += evs
     write_trace(Path(out), events)
 
-
-def as_dict(r: SimResult) -> dict:
-    return asdict(r)

@@ -6,8 +6,8 @@
     down()                                               # -> namespaces removed
 """
 
-from .cluster import current, down, up
+from .cluster import current, down, held, up
 from .rate import parse_rate
 from .topology import Testbed
 
-__all__ = ["Testbed", "current", "down", "parse_rate", "up"]
+__all__ = ["Testbed", "current", "down", "held", "parse_rate", "up"]

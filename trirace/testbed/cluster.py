@@ -9,7 +9,10 @@ the kernel's local route and is not shaped.
 
 from __future__ import annotations
 
+import fcntl
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -66,6 +69,24 @@ def down(prefix: str = "trirace") -> int:
         run(["ip", "netns", "del", name])
     state_path(prefix).unlink(missing_ok=True)
     return len(mine)
+
+
+@contextmanager
+def held(nodes: int, ranks_per_node: int, rate: str, mtu: int = 9000) -> Iterator[Testbed]:
+    """A testbed for the duration of a `with`, torn down after. One user at a time per
+    machine: a second would tear this one down under the first's feet."""
+    lock_path = STATE_DIR / "bench.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError("another trirace bench or profile is using the emulated testbed on this machine") from None
+        tb = up(nodes, ranks_per_node, rate, mtu=mtu)
+        try:
+            yield tb
+        finally:
+            down()
 
 
 def current(prefix: str = "trirace") -> Testbed | None:
