@@ -44,7 +44,7 @@ def _add_config_flags(p: argparse.ArgumentParser, model: type[TrainConfig], only
         elif name == "partition":
             kw["metavar"] = "N,N,..."
         elif Path in args:
-            kw["metavar"] = "DIR" if name in ("checkpoint_dir", "trace_out") else "FILE"
+            kw["metavar"] = "DIR" if name in ("checkpoint_dir", "trace_out", "comm_log") else "FILE"
         p.add_argument(flag, **kw)
 
 

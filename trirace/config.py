@@ -50,6 +50,9 @@ class TrainConfig(BaseModel):
     credit_mb: float | None = Field(None, gt=0, description="bound on all-reduce MiB in flight (default: per policy)")
     autotune: bool = Field(False, description="tune chunk and credit sizes during the first steps")
     trace_out: Path | None = Field(None, description="directory for a Chrome/Perfetto timeline")
+    comm_log: Path | None = Field(None, description="directory for every rank's log of issued ops (trirace commcheck)")
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend (auto: nccl when there is a CUDA device per rank)")
     checkpoint_dir: Path | None = Field(None, description="save checkpoints here")
     checkpoint_every: int = Field(0, ge=0, description="save after every N steps (0: only after the last)")
     resume: bool = Field(False, description="continue from the newest complete checkpoint in --checkpoint-dir")

@@ -42,6 +42,7 @@ class Policy:
     blocking: bool = False  # P2P and reduction block the engine where the schedule puts them
     yields_to_p2p: bool = False  # hold chunks back while P2P is in flight
     defer_updates: bool = True  # run each OPT at its deadline, not right after the backward
+    hierarchical: bool = False  # reduce groups that span nodes hierarchically where that pays
 
     def admit(self, chunk: Chunk, now: InFlight, urgent: bool) -> bool:
         """May `chunk`, the next in the agreed order and ready, launch now?"""
@@ -69,7 +70,7 @@ def make_policy(name: str, partition_mb: float | None = None, credit_mb: float |
     if name == "priority":
         return Policy(name, mib(partition_mb, 4), mib(credit_mb, 16), "front")
     if name == "trirace":
-        return Policy(name, mib(partition_mb, 2), mib(credit_mb, 4), "ready", yields_to_p2p=True)
+        return Policy(name, mib(partition_mb, 2), mib(credit_mb, 4), "ready", yields_to_p2p=True, hierarchical=True)
     raise UsageError(f"unknown communication policy {name!r}; choose from {', '.join(POLICIES)}")
 
 

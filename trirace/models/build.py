@@ -69,6 +69,12 @@ def layer_param_numels(spec: ModelSpec) -> list[list[int]]:
     return [[v * d, spec.max_seq_len * d], *([block] * spec.n_layers), [d, d], head]
 
 
+def tied_head_param(spec: ModelSpec) -> int:
+    """Position of the output projection's weight (tied to the token table, parameter 0 of
+    the embedding layer) among the head layer's parameters."""
+    return 0 if spec.arch == "gpt" else 4  # MLM head: dense w, b, norm w, b, then proj.weight
+
+
 def layer_param_counts(spec: ModelSpec) -> list[int]:
     """Parameters per layer."""
     return [sum(n) for n in layer_param_numels(spec)]

@@ -84,6 +84,10 @@ class Schedule:
     def step_of(self, micro_batch: int) -> int:
         return micro_batch // self.micro_batches
 
+    def step_of_action(self, a: Action) -> int:
+        """The step an action belongs to: AR and OPT name it, the others name a micro-batch."""
+        return a.index if a.op in (Op.AR, Op.OPT) else self.step_of(a.index)
+
     def version_of_step(self, step: int) -> int:
         """The weight version W(v) that step `step` computes on. W(-1) is a second copy of
         W(0), so that steps 0 and 1 of 2BW accumulate into different buffers."""
@@ -296,7 +300,7 @@ def _check_transfers(sched: Schedule) -> None:
     for s, acts in enumerate(sched.actions):
         for a in acts:
             if a.op in (Op.SF, Op.RF, Op.SB, Op.RB):
-                src, dst = _link(s, a.op)
+                src, dst = transfer_ends(s, a.op)
                 chans.setdefault((src, dst, a.op), []).append(a.index)
     for (src, dst, op), ks in chans.items():
         if op in (Op.SF, Op.SB):
@@ -310,7 +314,7 @@ def _check_transfers(sched: Schedule) -> None:
     pc = [0] * d  # index into runs[s]
     posted: dict[tuple[int, int, Op], int] = {}  # channel -> how many of its ops are posted
     def key(s: int, a: Action) -> tuple[int, int, Op]:
-        return (*_link(s, a.op), a.op)
+        return (*transfer_ends(s, a.op), a.op)
     partner = {Op.SF: Op.RF, Op.RF: Op.SF, Op.SB: Op.RB, Op.RB: Op.SB}
     ordinal: list[dict[Action, int]] = []
     for s, acts in enumerate(sched.actions):
@@ -339,7 +343,7 @@ def _check_transfers(sched: Schedule) -> None:
                     c = key(s, a)
                     posted[c] = posted.get(c, 0) + 1
                 is_posted[s] = progress = True
-            done = all(posted.get((*_link(s, a.op), partner[a.op]), 0) > ordinal[s][a] for a in run)
+            done = all(posted.get((*transfer_ends(s, a.op), partner[a.op]), 0) > ordinal[s][a] for a in run)
             if done:
                 pc[s] += 1
                 is_posted[s] = False
@@ -350,12 +354,19 @@ def _check_transfers(sched: Schedule) -> None:
         raise ScheduleError(f"deadlock: {desc}")
 
 
-def _link(stage: int, op: Op) -> tuple[int, int]:
+def transfer_ends(stage: int, op: Op) -> tuple[int, int]:
     """(source stage, destination stage) of a transfer seen from `stage`."""
     return {
         Op.SF: (stage, stage + 1), Op.RF: (stage - 1, stage),
         Op.SB: (stage, stage - 1), Op.RB: (stage + 1, stage),
     }[op]
+
+
+def peer_stage(stage: int, op: Op) -> int:
+    """The stage on the other end of `stage`'s transfer `op`."""
+    src, dst = transfer_ends(stage, op)
+    return dst if src == stage else src
+
 
 
 def _runs(acts: tuple[Action, ...]) -> list[list[Action]]:

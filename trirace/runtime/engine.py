@@ -108,7 +108,7 @@ class Engine:
                 sends.append((a, self.outputs[a.index].detach().contiguous()))
             elif a.op is Op.SB:
                 sends.append((a, self.inputs.pop(a.index).grad.contiguous()))
-        got = self.comm.exchange(sends, [a for a in group if a.op in (Op.RF, Op.RB)])
+        got = self.comm.exchange(group, sends)
         for a, t in got.items():
             self.rec.flow(str(a), f"{'F' if a.op is Op.RF else 'B'}{a.index}")
             if a.op is Op.RF:
@@ -138,7 +138,7 @@ class Engine:
             compute[a.op](a.index)
             t1, c1 = time.perf_counter(), time.thread_time()
             self.rec.span("compute", str(a), t0, t1)
-            step = a.index if a.op is Op.OPT else self.sched.step_of(a.index)
+            step = self.sched.step_of_action(a)
             rec = self._record(step)
             rec.compute_s += t1 - t0
             rec.compute_cpu_s += c1 - c0

@@ -1,68 +1,139 @@
-"""Process groups for one layout, created once, in the same order on every rank, and warmed
-up before training, so no pair communicator is ever created lazily mid-run."""
+"""The communicators of one job plan, created once, in the same order on every rank, and
+warmed up in that order before training, so none is ever initialised lazily mid-run.
+
+P2P uses one communicator per direction of each pipeline link: "fwd/a>b" carries
+activations from a to b, "bwd/b>a" their gradients back. On each, one rank only sends and
+the other only receives, in the schedule's order, so receives can be posted ahead without
+ever queueing in front of a send on the same in-order NCCL stream (NVIDIA/nccl#479).
+Small control traffic (metrics, agreed decisions, barriers) goes on a gloo communicator
+over the whole world, which takes CPU tensors under any backend.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from ..plan import Layout
+from ..plan import Op
+from ..plan.job import JobPlan
+from .comms import CommLog, Communicator
+
+
+def control_communicator(log: CommLog, timeout: timedelta) -> Communicator:
+    """The whole world on gloo: the first communicator every rank creates."""
+    world = list(range(dist.get_world_size()))
+    group = dist.new_group(world, backend="gloo")
+    return Communicator("control", world, group, torch.device("cpu"), log, timeout)
+
+
+@dataclass
+class Hierarchy:
+    """My stage group's sub-communicators for a hierarchical all-reduce: sum inside the
+    node, all-reduce among one leader per node over the inter-node links, broadcast inside
+    the node. Cross-node bytes drop from 2(n-1)/n to 2(k-1)/k of the tensor for k nodes."""
+
+    local: Communicator | None  # my node's members of the group (None if alone)
+    leaders: Communicator | None  # one member per node (None unless I lead)
+    leader: int  # global rank of my node's leader
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        """In-place sum over the whole group, in three phases, each to completion."""
+        if self.local is not None:
+            self.local.all_reduce(tensor).wait()
+        if self.leaders is not None:
+            self.leaders.all_reduce(tensor).wait()
+        if self.local is not None:
+            self.local.broadcast(tensor, src=self.leader).wait()
+
+    def communicators(self) -> list[Communicator]:
+        return [c for c in (self.local, self.leaders) if c is not None]
 
 
 @dataclass
 class Groups:
-    layout: Layout
+    plan: JobPlan
     rank: int
     stage: int
     replica: int
-    dp: dist.ProcessGroup | None  # replicas of my stage (None when dp == 1)
-    prev: dist.ProcessGroup | None  # pair group with the previous stage of my pipeline
-    next: dist.ProcessGroup | None  # pair group with the next stage
-    world: dist.ProcessGroup  # all ranks, for per-step metrics only
-    tie: dist.ProcessGroup | None  # first and last stage of my pipeline, when their weights are tied
-    prev_rank: int | None
-    next_rank: int | None
+    control: Communicator
+    dp: Communicator | None  # replicas of my stage (None when dp == 1)
+    tie: Communicator | None  # the two ends of my pipeline, when their weights are tied
+    hierarchy: Hierarchy | None  # where the plan reduces my stage hierarchically
+    p2p: dict[Op, tuple[Communicator, int]] = field(default_factory=dict)  # my transfer ops -> (comm, peer)
+
+    @property
+    def layout(self):
+        return self.plan.layout
 
     @property
     def is_reporter(self) -> bool:
         """The one rank that prints progress and writes metrics: last stage, replica 0."""
         return self.stage == self.layout.pp - 1 and self.replica == 0
 
-
-def make_groups(layout: Layout, device: torch.device, tied: bool = False) -> Groups:
-    rank = dist.get_rank()
-    stage, replica = layout.coords(rank)
-    dp_groups = [dist.new_group(layout.dp_group(s)) for s in range(layout.pp)]
-    pair_groups = {pair: dist.new_group(list(pair)) for pair in layout.p2p_pairs()}
-    world = dist.new_group(list(range(layout.world_size)))
-    ends = [(layout.rank(0, r), layout.rank(layout.pp - 1, r)) for r in range(layout.dp)] if tied and layout.pp > 1 else []
-    tie_groups = {pair: dist.new_group(list(pair)) for pair in ends}
-    prev_rank, next_rank = layout.prev_rank(rank), layout.next_rank(rank)
-    g = Groups(
-        layout, rank, stage, replica,
-        dp=dp_groups[stage] if layout.dp > 1 else None,
-        prev=pair_groups[(prev_rank, rank)] if prev_rank is not None else None,
-        next=pair_groups[(rank, next_rank)] if next_rank is not None else None,
-        world=world,
-        tie=next((grp for pair, grp in tie_groups.items() if rank in pair), None),
-        prev_rank=prev_rank, next_rank=next_rank,
-    )
-    _warm_up(g, device)
-    return g
+    def reduction_communicators(self) -> list[Communicator]:
+        """What the gradient reduction issues on (owned by its launcher thread)."""
+        return ([self.dp] if self.dp else []) + (self.hierarchy.communicators() if self.hierarchy else [])
 
 
-def _warm_up(g: Groups, device: torch.device) -> None:
-    # Previous link first, then next: along a pipeline this is a chain, never a cycle.
-    for peer, group in ((g.prev_rank, g.prev), (g.next_rank, g.next)):
-        if group is None:
-            continue
-        out, back = torch.ones(1, device=device), torch.empty(1, device=device)
-        works = [dist.irecv(back, src=peer, group=group), dist.isend(out, dst=peer, group=group)]
-        for w in works:
-            w.wait()
-    for group in (g.dp, g.world, g.tie):
-        if group is not None:
-            dist.all_reduce(torch.ones(1, device=device), group=group)
-    dist.barrier()
+def make_groups(plan: JobPlan, device: torch.device, control: Communicator) -> Groups:
+    """Create every communicator of `plan` (collective: all ranks, same order)."""
+    log, timeout, rank, L = control.log, control.timeout, dist.get_rank(), plan.layout
+
+    def comm(name: str, members: list[int]) -> Communicator | None:
+        group = dist.new_group(members)
+        return Communicator(name, sorted(members), group, device, log, timeout) if rank in members else None
+
+    stage, replica = L.coords(rank)
+    dps = [comm(f"dp/s{s}", L.dp_group(s)) for s in range(L.pp)]
+    p2p: dict[Op, tuple[Communicator, int]] = {}
+    for a, b in L.p2p_pairs():  # a runs stage s, b stage s + 1
+        fwd, bwd = comm(f"fwd/{a}>{b}", [a, b]), comm(f"bwd/{b}>{a}", [a, b])
+        if rank == a:
+            p2p[Op.SF], p2p[Op.RB] = (fwd, b), (bwd, b)
+        elif rank == b:
+            p2p[Op.RF], p2p[Op.SB] = (fwd, a), (bwd, a)
+    ties = [comm(f"tie/{a}-{b}", [a, b]) for a, b in plan.tie_pairs()]
+    hierarchy = None
+    for s in plan.stages:  # every stage's sub-groups, by every rank, in stage order
+        if s.hierarchical:
+            h = _hierarchy(s.stage, list(s.ranks), plan, comm)
+            hierarchy = h if s.stage == stage else hierarchy
+    return Groups(plan, rank, stage, replica, control, dps[stage] if L.dp > 1 else None,
+                  next((t for t in ties if t is not None), None), hierarchy, p2p)
+
+
+def _hierarchy(stage: int, ranks: list[int], plan: JobPlan, comm) -> Hierarchy | None:
+    topo = plan.topology
+    by_node: dict[int, list[int]] = {}
+    for r in ranks:
+        by_node.setdefault(topo.node_of(r), []).append(r)
+    locals_ = {node: comm(f"hier-local/s{stage}/n{node}", members) if len(members) > 1 else None
+               for node, members in by_node.items()}
+    leaders = comm(f"hier-leaders/s{stage}", [m[0] for m in by_node.values()])
+    me = dist.get_rank()
+    if me not in ranks:
+        return None
+    node = topo.node_of(me)
+    return Hierarchy(locals_[node], leaders, by_node[node][0])
+
+
+def warm_up_reduction(g: Groups, device: torch.device) -> None:
+    """First op on each reduction communicator (NCCL creates a communicator at its first
+    op): called by the thread that will issue on them, before the pipeline's warm-up."""
+    for c in g.reduction_communicators():
+        c.all_reduce(torch.ones(1, device=device)).wait()
+
+
+def warm_up_pipeline(g: Groups, device: torch.device) -> None:
+    """Each P2P direction once, previous link before next: along a pipeline this is a
+    chain, never a cycle. Then the tie, then a barrier on the control communicator."""
+    for op in (Op.RF, Op.SB, Op.SF, Op.RB):
+        if op in g.p2p:
+            comm, peer = g.p2p[op]
+            comm.p2p([("recv" if op in (Op.RF, Op.RB) else "send", torch.ones(1, device=device), peer)]).wait()
+    if g.tie is not None:
+        g.tie.all_reduce(torch.ones(1, device=device)).wait()
+    g.control.barrier()

@@ -1,5 +1,6 @@
-"""Starting the processes: locally (one command spawns pp x dp workers on gloo) or under
-torchrun (env:// rendezvous, NCCL on GPUs, gloo on CPUs)."""
+"""Starting the processes: locally (one command spawns pp x dp workers, one per GPU under
+NCCL) or under torchrun (env:// rendezvous). The backend is --backend, or for auto NCCL
+where every local rank has a CUDA device of its own, gloo otherwise."""
 
 from __future__ import annotations
 
@@ -33,6 +34,18 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def resolve_backend(requested: str, local_ranks: int) -> str:
+    """The backend a job runs on: nccl needs a CUDA device per local rank (two ranks cannot
+    share one GPU), gloo runs anywhere. auto takes nccl exactly when that holds."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "auto":
+        return "nccl" if gpus >= local_ranks else "gloo"
+    if requested == "nccl" and gpus < local_ranks:
+        raise UsageError(f"--backend nccl needs one CUDA device per rank: {local_ranks} rank(s) here but "
+                         f"{gpus} device(s) visible")
+    return requested
+
+
 def train(cfg: TrainConfig) -> list[dict] | None:
     """Train with `cfg`: under torchrun on this process's rank, otherwise by spawning
     cfg.pp * cfg.dp local processes. Returns the per-step metrics (on the reporter rank)."""
@@ -40,7 +53,7 @@ def train(cfg: TrainConfig) -> list[dict] | None:
         world = int(os.environ["WORLD_SIZE"])
         if world != cfg.world_size:
             raise UsageError(f"pp x dp = {cfg.pp} x {cfg.dp} = {cfg.world_size} but torchrun started {world} ranks")
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = resolve_backend(cfg.backend, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.checkpoint_dir is not None:
@@ -87,11 +100,15 @@ def run_local(cfgs: list[TrainConfig], world_size: int | None = None, timeout_s:
     for c in cfgs:
         if c.world_size != world_size:
             raise UsageError(f"config needs {c.world_size} ranks but the job has {world_size}")
+    backend = resolve_backend(cfgs[0].backend, world_size)
+    if any(resolve_backend(c.backend, world_size) != backend for c in cfgs):
+        raise UsageError("configs run in one set of processes must use one backend")
     cfgs = [prepare(c) for c in cfgs]
     systems = systems or ["trirace"] * len(cfgs)
     with tempfile.TemporaryDirectory(prefix="trirace-") as tmp:
         jobs = Path(tmp) / "jobs.json"
-        jobs.write_text(json.dumps([{"system": s, "config": c.model_dump(mode="json")} for s, c in zip(systems, cfgs)]))
+        jobs.write_text(json.dumps({"backend": backend, "jobs": [{"system": s, "config": c.model_dump(mode="json")}
+                                                                 for s, c in zip(systems, cfgs)]}))
         procs = []
         try:
             for r in range(world_size):

@@ -20,12 +20,10 @@ import torch
 import torch.distributed as dist
 
 from ..comm.sparse import ALPHA_S, BYTES_PER_S, INDEX_BYTES, METHODS, choose, owner_of, owner_range
-
-# all_gather_into_tensor was renamed all_gather_single (and deprecated) in recent torch.
-_all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+from .comms import Communicator
 
 
-def exchange(grad: torch.Tensor, group: dist.ProcessGroup | None = None, method: str = "auto", *,
+def exchange(grad: torch.Tensor, group: Communicator | dist.ProcessGroup | None = None, method: str = "auto", *,
              out: torch.Tensor | None = None, alpha_s: float = ALPHA_S, bytes_per_s: float = BYTES_PER_S
              ) -> tuple[torch.Tensor, dict]:
     """Sum `grad` (this replica's [V, d] embedding gradient: sparse COO as
@@ -35,7 +33,8 @@ def exchange(grad: torch.Tensor, group: dist.ProcessGroup | None = None, method:
     `out`: a contiguous [V, d] buffer to write the sum into (it may be `grad` itself when
     `grad` is dense); reusing one across steps saves allocating, and page-faulting, a whole
     table per call. `alpha_s` / `bytes_per_s` parameterise the cost model "auto" uses; like
-    `method`, they must be the same on every rank of the group."""
+    `method`, they must be the same on every rank of the group. `group` is a Communicator
+    (each collective is then logged) or a plain process group (None: the world)."""
     if grad.dim() != 2:
         raise ValueError(f"expected a [V, d] gradient, got shape {tuple(grad.shape)}")
     if method not in (*METHODS, "auto"):
@@ -45,7 +44,8 @@ def exchange(grad: torch.Tensor, group: dist.ProcessGroup | None = None, method:
         out = torch.zeros(vocab, dim, dtype=grad.dtype, device=grad.device)
     elif out.shape != grad.shape or out.dtype != grad.dtype or out.device != grad.device or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {tuple(grad.shape)} {grad.dtype} tensor on {grad.device}")
-    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    comm = group if isinstance(group, Communicator) else Communicator.plain(group, grad.device)
+    n, rank = comm.size, comm.my_index
     if method == "dense" and not grad.is_sparse:  # only the count is wanted: copy no rows
         idx: torch.Tensor | None = None
         vals: torch.Tensor | None = None
@@ -57,7 +57,7 @@ def exchange(grad: torch.Tensor, group: dist.ProcessGroup | None = None, method:
     if method == "auto":
         kmax = torch.tensor([k], dtype=torch.int64, device=grad.device)
         if n > 1:
-            dist.all_reduce(kmax, op=dist.ReduceOp.MAX, group=group)
+            comm.all_reduce(kmax, op=dist.ReduceOp.MAX).wait()
             sent += _all_reduce_bytes(kmax, n)
         method = choose(n, vocab, dim, int(kmax.item()), elem_bytes=grad.element_size(),
                         alpha_s=alpha_s, bytes_per_s=bytes_per_s)
@@ -68,14 +68,14 @@ def exchange(grad: torch.Tensor, group: dist.ProcessGroup | None = None, method:
         elif out is not grad:
             out.copy_(grad)
         if n > 1:
-            dist.all_reduce(out, group=group)
+            comm.all_reduce(out).wait()
             sent += _all_reduce_bytes(out, n)
     elif method == "allgather":
         assert idx is not None and vals is not None
-        sent += _allgather(idx, vals, out, group, n)
+        sent += _allgather(idx, vals, out, comm, n)
     else:
         assert idx is not None and vals is not None
-        sent += _alltoall(idx, vals, out, group, n, rank)
+        sent += _alltoall(idx, vals, out, comm, n, rank)
     return out, {"method": method, "bytes_sent": sent, "rows": k}
 
 
@@ -117,17 +117,17 @@ def _records(rows: int, vals: torch.Tensor) -> torch.Tensor:
                        device=vals.device)
 
 
-def _gather_counts(count: int, group: dist.ProcessGroup | None, n: int, device: torch.device) -> list[int]:
+def _gather_counts(count: int, comm: Communicator, n: int, device: torch.device) -> list[int]:
     out = torch.empty(n, dtype=torch.int64, device=device)
-    _all_gather_into(out, torch.tensor([count], dtype=torch.int64, device=device), group=group)
+    comm.all_gather_into(out, torch.tensor([count], dtype=torch.int64, device=device)).wait()
     return out.tolist()
 
 
-def _gather_records(idx: torch.Tensor, vals: torch.Tensor, group: dist.ProcessGroup | None, n: int
+def _gather_records(idx: torch.Tensor, vals: torch.Tensor, comm: Communicator, n: int
                     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
     """All-gather every rank's (idx, vals), padded to the largest count (agreed first).
     Returns per-rank (idx, vals) in rank order, and the bytes this rank sent."""
-    counts = _gather_counts(idx.numel(), group, n, vals.device)
+    counts = _gather_counts(idx.numel(), comm, n, vals.device)
     sent = (n - 1) * INDEX_BYTES
     kmax = max(counts)
     if kmax == 0:  # known to every rank: all skip the data collective together
@@ -136,15 +136,14 @@ def _gather_records(idx: torch.Tensor, vals: torch.Tensor, group: dist.ProcessGr
     _pack(idx, vals, rec)
     rec[idx.numel():].zero_()  # padding is never read, but ship no stale memory
     got = _records(n * kmax, vals)
-    _all_gather_into(got, rec, group=group)
+    comm.all_gather_into(got, rec).wait()
     gi, gv = _unpack(got, vals.dtype)
     return [(gi[r * kmax:r * kmax + c], gv[r * kmax:r * kmax + c]) for r, c in enumerate(counts)], \
         sent + (n - 1) * rec.numel()
 
 
-def _allgather(idx: torch.Tensor, vals: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None,
-               n: int) -> int:
-    parts, sent = _gather_records(idx, vals, group, n)
+def _allgather(idx: torch.Tensor, vals: torch.Tensor, out: torch.Tensor, comm: Communicator, n: int) -> int:
+    parts, sent = _gather_records(idx, vals, comm, n)
     out.zero_()
     # One index_add per source rank, in rank order: indices are unique within a source (no
     # atomics race on GPUs) and every rank does the same additions in the same order, so
@@ -154,19 +153,19 @@ def _allgather(idx: torch.Tensor, vals: torch.Tensor, out: torch.Tensor, group: 
     return sent
 
 
-def _alltoall(idx: torch.Tensor, vals: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None,
-              n: int, rank: int) -> int:
+def _alltoall(idx: torch.Tensor, vals: torch.Tensor, out: torch.Tensor, comm: Communicator, n: int,
+              rank: int) -> int:
     vocab, dev, rec_bytes = out.shape[0], vals.device, INDEX_BYTES + vals.shape[1] * vals.element_size()
     # Rows are sorted and owners hold contiguous ranges: the records split in owner order.
     send = torch.bincount(owner_of(idx, n, vocab), minlength=n)
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
+    comm.all_to_all_single(recv, send).wait()
     send_l, recv_l = send.tolist(), recv.tolist()
     sent = (n - 1) * INDEX_BYTES + (idx.numel() - send_l[rank]) * rec_bytes
     rec = _records(idx.numel(), vals)
     _pack(idx, vals, rec)
     got = _records(sum(recv_l), vals)
-    dist.all_to_all_single(got, rec, recv_l, send_l, group=group)
+    comm.all_to_all_single(got, rec, recv_l, send_l).wait()
     gi, gv = _unpack(got, vals.dtype)
     # The owner sums its rows straight into its slice of `out`, sources in rank order: it
     # is the only adder, so the order is fixed and the others copy its bits.
@@ -181,7 +180,7 @@ def _alltoall(idx: torch.Tensor, vals: torch.Tensor, out: torch.Tensor, group: d
     touched[gi - lo] = True
     mine = touched.nonzero().squeeze(1)
     # Share the reduced rows back: each owner's rows once, padded to the largest owner's.
-    parts, b = _gather_records(mine + lo, acc.index_select(0, mine), group, n)
+    parts, b = _gather_records(mine + lo, acc.index_select(0, mine), comm, n)
     for r, (i, v) in enumerate(parts):
         if r != rank:  # its own rows are in place already
             out.index_copy_(0, i, v)

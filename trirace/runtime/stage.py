@@ -73,14 +73,15 @@ class StageModel:
     # every global weight version in the buffer slot it had when it was saved.
     offset: int = 0
 
-    def _slot(self, version: int) -> int:
+    def slot_of(self, version: int) -> int:
+        """The buffer slot holding weight version `version` (the one mapping every caller uses)."""
         return (version + self.offset) % len(self.versions)
 
     def module(self, version: int) -> nn.Module:
-        return self.versions[self._slot(version)]
+        return self.versions[self.slot_of(version)]
 
     def flat_grad(self, version: int) -> torch.Tensor:
-        return self.flat_grads[self._slot(version)]
+        return self.flat_grads[self.slot_of(version)]
 
     def on_grad_ready(self, callback: Callable[[int, int], None]) -> None:
         """Call callback(slot, parameter index) each time backward finishes accumulating a

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -14,18 +15,15 @@ from tqdm import tqdm
 from ..config import TrainConfig
 from ..data import BatchSampler, load_tokens
 from ..errors import UsageError
-from ..plan import Layout, build_schedule, stage_ranges
-from ..comm.policies import stage_policy
 from ..comm.autotune import Tuner
 from ..comm.policies import MiB
 from ..obs.timeline import Recorder, write_trace
-from ..plan.schedule import schedule_for_policy
-from .comm import Comm
+from ..plan.job import JobPlan, plan_job
 from . import checkpoint
+from .comm import Comm
+from .comms import CommLog, Handle
 from .engine import BatchFn, Engine, StepRecord
-from .groups import Groups, make_groups
-from ..plan.topology import hierarchical_pays
-from .hierarchical import Hierarchy, make_hierarchies
+from .groups import Groups, control_communicator, make_groups
 from .probe import detect_topology, probe_links
 from .profile import profile_layers
 from .stage import StageModel
@@ -40,16 +38,20 @@ def batch_fn(cfg: TrainConfig, sampler: BatchSampler) -> BatchFn:
     return sampler.micro_batch if cfg.spec.arch == "gpt" else sampler.mlm_micro_batch
 
 
+def measure_layers(cfg: TrainConfig, sampler: BatchSampler | None = None) -> list[float]:
+    """Seconds of forward + backward per layer, measured here on the job's first micro-batch."""
+    inputs, targets = batch_fn(cfg, sampler or sampler_for(cfg))(0, 0)
+    return profile_layers(cfg.spec, inputs, targets, cfg.seed)
+
+
 def plan_partition(cfg: TrainConfig, sampler: BatchSampler | None = None) -> list[int]:
     """Layers per stage: the explicit override, or a balance of parameters or measured time."""
-    def measured() -> list[float]:
-        inputs, targets = batch_fn(cfg, sampler or sampler_for(cfg))(0, 0)
-        return profile_layers(cfg.spec, inputs, targets, cfg.seed)
-    return cfg.stage_sizes(measured)
+    return cfg.stage_sizes(lambda: measure_layers(cfg, sampler))
+
 
 def default_device() -> torch.device:
     if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
@@ -78,24 +80,31 @@ class Trainer:
         self.cfg = cfg
         self.device = device or default_device()
         self.sampler = sampler_for(cfg)
-        self.sizes = self._agree_on_partition()
-        self.topology = detect_topology(str(cfg.topology) if cfg.topology else None, cfg.world_size)
-        self.layout = Layout(cfg.pp, cfg.dp, cfg.placement(self.topology, self.sizes))
-        self.groups: Groups = make_groups(self.layout, self.device, tied=cfg.spec.tie_embeddings)
+        # The control communicator comes first: everything agreed below travels on it.
+        self.log = CommLog(cfg.comm_log, dist.get_rank())
+        self.control = control_communicator(self.log, timedelta(seconds=cfg.fail_timeout_s))
+        times = self._agree_on_layer_times()
+        topology = detect_topology(str(cfg.topology) if cfg.topology else None, cfg.world_size, self.control)
         if cfg.probe:
-            self.topology = probe_links(self.topology, self.device)
-        self.hierarchy = self._hierarchy()
+            topology = probe_links(topology, self.device, control=self.control)
+        sizes = cfg.stage_sizes(lambda: times)
+        self.ident = checkpoint.identity(cfg, sizes)
+        found, self.first_step = checkpoint.resume_point(cfg, sizes)
+        self.plan: JobPlan = plan_job(cfg, topology, lambda: times, steps=cfg.steps - self.first_step)
+        self.sizes = list(self.plan.partition)
+        self.groups: Groups = make_groups(self.plan, self.device, self.control)
         if dist.get_rank() == 0 and cfg.progress:
-            print(f"{self.topology.describe()}{' (probed)' if cfg.probe else ''}; rank order {self.layout.order}; "
-                  f"stages {self.sizes}; hierarchical all-reduce {'on' if self.hierarchy else 'off'} here",
+            print(f"{topology.describe()}{' (probed)' if cfg.probe else ''}; rank order {self.plan.layout.order}; "
+                  f"stages {self.sizes}; hierarchical all-reduce "
+                  f"{'on' if any(s.hierarchical for s in self.plan.stages) else 'off'} here",
                   file=sys.stderr, flush=True)
-        layers = stage_ranges(self.sizes)[self.groups.stage]
-        self.ident = checkpoint.identity(cfg, self.sizes)
-        found, self.first_step = checkpoint.resume_point(cfg, self.sizes)
-        self.schedule = build_schedule(cfg.schedule, cfg.pp, cfg.micro_batches, cfg.steps - self.first_step)
-        self.model = StageModel(cfg.spec, layers, cfg.seed, n_versions=self.schedule.staleness + 1,
+        stage = self.plan.stages[self.groups.stage]
+        self.schedule = self.plan.schedule
+        self.model = StageModel(cfg.spec, stage.layers, cfg.seed, n_versions=self.schedule.staleness + 1,
                                 optimizer=cfg.optimizer, lr=cfg.learning_rate, device=self.device)
         self.model.offset = self.first_step
+        if (tuple(self.model.numels), self.model.tied) != (stage.numels, stage.tied_param):
+            raise RuntimeError(f"stage {stage.stage}'s modules disagree with the job plan's parameter layout")
         if found is not None:
             checkpoint.load(found, self.groups.stage, self.model)
 
@@ -107,62 +116,50 @@ class Trainer:
         if last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0):
             checkpoint.save(cfg.checkpoint_dir, step, self.groups.stage, self.model, self.ident)
 
-    def _hierarchy(self) -> Hierarchy | None:
-        """Sub-groups for a hierarchical all-reduce of my stage, where the (agreed) topology
-        says it is faster than a flat ring; created collectively, in the same order everywhere."""
-        dp_groups = [self.layout.dp_group(s) for s in range(self.cfg.pp)]
-        nbytes = self.cfg.stage_grad_bytes(self.sizes)
-        wanted = [i for i, ranks in enumerate(dp_groups) if hierarchical_pays(self.topology, ranks, nbytes[i])]
-        if not wanted:
-            return None
-        mine = make_hierarchies([dp_groups[i] for i in wanted], self.topology, dist.get_rank())
-        stage_of = dict(enumerate(wanted))
-        return next((h for gi, h in mine.items() if stage_of[gi] == self.groups.stage), None)
-
-    def _agree_on_partition(self) -> list[int]:
-        """Measured times differ between ranks, so rank 0 decides and everyone follows."""
+    def _agree_on_layer_times(self) -> list[float] | None:
+        """Measured times differ between ranks, so rank 0 measures and everyone uses its figures."""
         if self.cfg.partition is not None or self.cfg.balance == "params":
-            return plan_partition(self.cfg)
-        box = [plan_partition(self.cfg, self.sampler) if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(box, src=0)
+            return None
+        box = [measure_layers(self.cfg, self.sampler) if dist.get_rank() == 0 else None]
+        self.control.broadcast_object(box, src=0)
         return box[0]
 
     def run(self) -> list[dict] | None:
         cfg, g = self.cfg, self.groups
-        link = self.topology.link(self.topology.group_link(self.layout.dp_group(g.stage)))
-        policy = stage_policy(cfg.comm_policy, cfg.partition_mb, cfg.credit_mb, link.bytes_per_s)
-        schedule = schedule_for_policy(self.schedule, policy.defer_updates, cfg.spec.tie_embeddings and cfg.pp > 1)
+        stage = self.plan.stages[g.stage]
         rec = Recorder(g.rank, enabled=cfg.trace_out is not None)
-        shape = cfg.activation_shape
-        tuner = Tuner(policy, lag=_StepMetrics.LAG) if cfg.autotune else None
-        comm = Comm(policy, schedule, g, self.model, shape, self.device, rec, tuner, self.topology,
-                    self.hierarchy if cfg.comm_policy == "trirace" else None, cfg.embedding_comm,
-                    cfg.fail_timeout_s)
-        report = _Reporter(cfg, self.sizes) if g.is_reporter else None
-        metrics = _StepMetrics(cfg, g, comm, report, self.sizes, self.model)
-        def on_step(r: StepRecord) -> None:  # r.step counts from this run's first step
-            self._maybe_save(r.step + self.first_step)
-            metrics.step(r)
-
-        engine = Engine(schedule, self.model, g, comm, batch_fn(cfg, self.sampler), self.device, rec,
-                        on_step=on_step,
-                        delay_s=cfg.straggler[1] if cfg.straggler and cfg.straggler[0] == g.rank else 0.0,
-                        kill_step=cfg.kill[1] if cfg.kill and cfg.kill[0] == g.rank and not _restarted() else None)
-        dist.barrier()
-        t_start = metrics.last_end = rec.now()
-        if report:
-            report.start(t_start)
+        tuner = Tuner(stage.policy, lag=_StepMetrics.LAG) if cfg.autotune else None
         try:
-            engine.run(schedule.actions[g.stage])
-        except Exception as e:  # a peer died or stalled: say who and where, then fail
-            raise RankFailed(f"rank {g.rank} (stage {g.stage}, replica {g.replica}) stopped during step "
-                             f"{max(engine.step_now, 0)}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                             ) from e
-        metrics.flush()
-        if cfg.trace_out is not None:
-            _write_trace(cfg.trace_out, rec, t_start)
-        dist.barrier()
-        return report.finish() if report else None
+            comm = Comm(stage, self.schedule, g, self.model, cfg.activation_shape, self.device, rec, tuner,
+                        cfg.embedding_comm, cfg.fail_timeout_s)
+            report = _Reporter(cfg, self.sizes) if g.is_reporter else None
+            metrics = _StepMetrics(cfg, g, comm, report, self.sizes, self.model)
+
+            def on_step(r: StepRecord) -> None:  # r.step counts from this run's first step
+                self._maybe_save(r.step + self.first_step)
+                metrics.step(r)
+
+            engine = Engine(self.schedule, self.model, g, comm, batch_fn(cfg, self.sampler), self.device, rec,
+                            on_step=on_step,
+                            delay_s=cfg.straggler[1] if cfg.straggler and cfg.straggler[0] == g.rank else 0.0,
+                            kill_step=cfg.kill[1] if cfg.kill and cfg.kill[0] == g.rank and not _restarted() else None)
+            g.control.barrier()
+            t_start = metrics.last_end = rec.now()
+            if report:
+                report.start(t_start)
+            try:
+                engine.run(self.schedule.actions[g.stage])
+            except Exception as e:  # a peer died or stalled: say who and where, then fail
+                raise RankFailed(f"rank {g.rank} (stage {g.stage}, replica {g.replica}) stopped during step "
+                                 f"{max(engine.step_now, 0)}: {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}") from e
+            metrics.flush()
+            if cfg.trace_out is not None:
+                _write_trace(cfg.trace_out, rec, t_start, g)
+            g.control.barrier()
+            return report.finish() if report else None
+        finally:
+            self.log.close()
 
 
 class _StepMetrics:
@@ -171,14 +168,14 @@ class _StepMetrics:
     hold the pipeline back."""
 
     FIELDS = ("loss", "exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s", "transfers",
-              "comm_cpu_s", "step_time_s", "embedding_bytes", "embedding_method")
+              "comm_cpu_s", "step_time_s", "embedding_bytes", "embedding_method", "early_chunks")
     METHODS = ("dense", "allgather", "alltoall")  # embedding_method is sent as 1 + its index
     LAG = 2
 
     def __init__(self, cfg: TrainConfig, g: Groups, comm: Comm, report: "_Reporter | None", sizes: list[int],
                  model: StageModel):
         self.cfg, self.g, self.comm, self.report, self.sizes, self.model = cfg, g, comm, report, sizes, model
-        self.pending: list[tuple[int, float, torch.Tensor, dist.Work]] = []
+        self.pending: list[tuple[int, float, torch.Tensor, Handle]] = []
         self.last_end: float | None = None
 
     def step(self, rec: StepRecord) -> None:
@@ -192,14 +189,13 @@ class _StepMetrics:
         vec = torch.zeros(nf + 3 * world, dtype=torch.float64)
         vec[:nf] = torch.tensor([loss, exposed.get("p2p", 0.0), exposed.get("allreduce", 0.0),
                                  exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s,
-                                 window, st["embedding_bytes"], method], dtype=torch.float64)
+                                 window, st["embedding_bytes"], method, st["early_chunks"]], dtype=torch.float64)
         # Slots per rank (a sum in which each rank fills its own slot is a gather).
         vec[nf + self.g.rank] = rec.compute_cpu_s
         if self.model.tied is not None:
             vec[nf + world + self.g.rank] = self.model.checksum(rec.step + 1, self.model.tied)
         vec[nf + 2 * world + self.g.rank] = _rss_mb()
-        work = dist.all_reduce(vec, group=self.g.world, async_op=True)
-        self.pending.append((rec.step, rec.end_time, vec, work))
+        self.pending.append((rec.step, rec.end_time, vec, self.g.control.all_reduce(vec)))
         while len(self.pending) > self.LAG:
             self._emit(*self.pending.pop(0))
 
@@ -207,8 +203,8 @@ class _StepMetrics:
         while self.pending:
             self._emit(*self.pending.pop(0))
 
-    def _emit(self, step: int, end: float, vec: torch.Tensor, work: dist.Work) -> None:
-        work.wait()
+    def _emit(self, step: int, end: float, vec: torch.Tensor, handle: Handle) -> None:
+        handle.wait()
         world = self.cfg.world_size
         v = dict(zip(self.FIELDS, vec.tolist()))
         nf = len(self.FIELDS)
@@ -237,6 +233,7 @@ class _StepMetrics:
         row["partition"] = self.sizes
         row["rank_order"] = self.g.layout.order
         row["transfers"] = int(v["transfers"])
+        row["chunks_ready_early"] = int(v["early_chunks"])  # readied by gradient hooks while backward ran
         row["hierarchical_allreduce"] = self.comm.hierarchy is not None
         p = self.comm.policy_for(step)
         row["partition_mb"] = p.partition_bytes / MiB if p.partition_bytes else None
@@ -254,13 +251,13 @@ def _rss_mb() -> float:
         return 0.0
 
 
-def _write_trace(out_dir: Path, rec: Recorder, t_start: float) -> None:
+def _write_trace(out_dir: Path, rec: Recorder, t_start: float, g: Groups) -> None:
     """Gather every rank's events to rank 0, which writes one timeline for the job."""
     origin = torch.tensor([t_start], dtype=torch.float64)
-    dist.all_reduce(origin, op=dist.ReduceOp.MIN)
+    g.control.all_reduce(origin, op=dist.ReduceOp.MIN).wait()
     events = rec.events(origin.item())
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(events, gathered, dst=0)
+    g.control.gather_object(events, gathered, dst=0)
     if dist.get_rank() == 0:
         write_trace(Path(out_dir) / "trace.json", [e for evs in gathered for e in evs])
 

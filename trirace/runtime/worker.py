@@ -1,6 +1,6 @@
 """One rank of a locally launched job: `python -m trirace.runtime.worker JOBS RANK WORLD STORE OUT`.
 
-Runs every job in JOBS (a JSON list of {"system", "config"}) in order on one process group,
+Runs every job in JOBS ({"backend", "jobs": [{"system", "config"}, ...]}) in order on one process group,
 rendezvous through a FileStore at STORE (a path: it works across network namespaces), and
 the reporter rank writes OUT/result-<i>.json for job i.
 """
@@ -36,9 +36,12 @@ def main(argv: list[str]) -> int:
     # Processes share the cores: one intra-op thread each unless cores are plentiful.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     os.environ.setdefault("LOCAL_RANK", str(rank))
-    jobs = json.loads(Path(jobs_file).read_text())
+    spec = json.loads(Path(jobs_file).read_text())
+    jobs, backend = spec["jobs"], spec["backend"]
     timeout = timedelta(seconds=jobs[0]["config"].get("fail_timeout_s", 60.0))
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timeout)
+    if backend == "nccl":  # one process per GPU: the local launcher runs every rank on this host
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world, timeout=timeout)
     try:
         for i, job in enumerate(jobs):
             rows = run_job(job["system"], TrainConfig(**job["config"]))

@@ -1,0 +1,131 @@
+"""One stage's communication decisions, as both executors drive them.
+
+The runtime (runtime/comm.py, threads and process groups) and the simulator
+(sim/executor.py, an event loop) call exactly these methods at the same points of a stage's
+action list, so what the stage decides cannot drift between them:
+
+- receives: which are posted ahead of need (`recvs_to_post` / `received`);
+- P2P on a link: `p2p_started` / `p2p_finished`, what the policy yields to;
+- gradient reduction of a step: `backward_begins` (the step's last backward enqueues its
+  chunks in the agreed order), `params_ready` (backward finished parameters; a chunk whose
+  parameters are all final becomes ready), `backward_ends`, `deadline` (AR: hold nothing
+  back any more), `launches` (what goes now), `chunk_done`, and `reduced` / `close_step`.
+
+Pure and not thread-safe: the runtime calls it under its lock, the simulator from its loop.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..plan import Action, Op
+from ..plan.transfers import Chunk, Kind, plan_reduction
+from .policies import Policy
+from .scheduler import CommScheduler
+
+RECV_AHEAD = 2  # receives kept posted before their data can arrive (receive before send)
+
+
+class StageDriver:
+    def __init__(self, policy: Policy, numels: list[int], chunk_link: str, actions: tuple[Action, ...],
+                 reduces: bool, sparse_param: int | None = None, tuner=None):
+        self.policy, self.numels, self.sparse_param, self.tuner = policy, numels, sparse_param, tuner
+        self.scheduler = CommScheduler(policy, chunk_link)
+        # Chunks go asynchronously only where there are replicas and the policy overlaps.
+        self.reduces = reduces and not policy.blocking
+        self.unposted = deque(a for a in actions if a.op in (Op.RF, Op.RB))
+        self.posted: set[Action] = set()
+        self.chunks: dict[int, list[Chunk]] = {}
+        self.pending: dict[int, dict[int, int]] = {}  # step -> chunk seq -> parameters not final
+        self.done: set[Chunk] = set()
+        self.last_kind: dict[int, Kind] = {}  # step -> kind of its last chunk to finish
+
+    # ------------------------------------------------------------ P2P
+
+    def recvs_to_post(self, group: list[Action] | None = None) -> list[Action]:
+        """Receives to post now. Asynchronous policies keep RECV_AHEAD posted in schedule
+        order; blocking posts a group's receives when the engine reaches the group."""
+        out = []
+        if self.policy.blocking:
+            for a in group or ():
+                if a.op in (Op.RF, Op.RB):
+                    self.unposted.remove(a)
+                    out.append(a)
+        else:
+            while self.unposted and len(self.posted) + len(out) < RECV_AHEAD:
+                out.append(self.unposted.popleft())
+        self.posted.update(out)
+        return out
+
+    def received(self, a: Action) -> None:
+        self.posted.discard(a)
+
+    def p2p_started(self, link: str) -> None:
+        if not self.policy.blocking:
+            self.scheduler.p2p_started(link)
+
+    def p2p_finished(self, link: str) -> None:
+        if not self.policy.blocking:
+            self.scheduler.p2p_finished(link)
+
+    # ------------------------------------------------------------ gradient reduction
+
+    def policy_for(self, step: int) -> Policy:
+        """The chunk and credit sizes step `step` uses (tuned, or fixed)."""
+        return self.tuner.policy_for(step) if self.tuner else self.policy
+
+    def plan(self, step: int) -> list[Chunk]:
+        if step not in self.chunks:
+            p = self.policy_for(step)
+            elems = None if p.partition_bytes is None else p.partition_bytes // 4
+            self.chunks[step] = plan_reduction(step, self.numels, elems, p.chunk_order,
+                                               sparse_param=self.sparse_param)
+        return self.chunks[step]
+
+    def backward_begins(self, step: int) -> None:
+        """The step's last backward starts: its chunks join the agreed order."""
+        chunks = self.plan(step)
+        self.pending[step] = {c.seq: c.params[1] - c.params[0] for c in chunks}
+        self.scheduler.policy = self.policy_for(step)
+        self.scheduler.enqueue(chunks)
+
+    def params_ready(self, step: int, lo: int, hi: int) -> bool:
+        """Parameters [lo, hi) have their final gradient. True if a chunk became ready."""
+        pending, any_ready = self.pending[step], False
+        for c in self.chunks[step]:
+            if c.seq in pending:
+                overlap = min(hi, c.params[1]) - max(lo, c.params[0])
+                if overlap > 0:
+                    pending[c.seq] -= overlap
+                    if pending[c.seq] <= 0:
+                        del pending[c.seq]
+                        self.scheduler.ready(c)
+                        any_ready = True
+        return any_ready
+
+    def backward_ends(self, step: int) -> None:
+        """Parameters that got no gradient are final too."""
+        for c in self.chunks[step]:
+            if self.pending[step].pop(c.seq, None) is not None:
+                self.scheduler.ready(c)
+
+    def deadline(self, step: int) -> None:
+        self.scheduler.deadline(step)
+
+    def launches(self) -> list[Chunk]:
+        return self.scheduler.launches() if self.reduces else []
+
+    def chunk_done(self, c: Chunk) -> None:
+        self.scheduler.finished(c)
+        self.done.add(c)
+        self.last_kind[c.step] = c.kind
+
+    def reduced(self, step: int) -> bool:
+        return all(c in self.done for c in self.plan(step))
+
+    def close_step(self, step: int) -> tuple[list[Chunk], Kind]:
+        """Forget a reduced step; returns its chunks and the kind whose wait was exposed last."""
+        chunks = self.chunks.pop(step)
+        self.done.difference_update(chunks)
+        self.pending.pop(step, None)
+        return chunks, self.last_kind.pop(step, Kind.ALLREDUCE)

@@ -1,0 +1,238 @@
+"""Communicators: every op this runtime issues goes through here, so that it is logged and
+its completion is real.
+
+- `Communicator` wraps one process group under a name equal on all its members
+  ("dp/s0", "fwd/0>2", "control"). Its ops return a `Handle`.
+- `Handle.wait()` blocks the host until the ops are done. On gloo, Work.wait() already
+  does; on NCCL it only orders the caller's stream, so the handle also records a CUDA
+  event behind the op on a side stream and synchronises on it. Nothing is reported
+  complete before it is.
+- `CommLog` (`--comm-log DIR`) writes `DIR/rank-R.jsonl`: one line per issued op and per
+  host wait, in issue order, which `trirace commcheck` replays under NCCL's rules.
+- `Waiter` reports completions to a callback from a thread of its own, so the thread that
+  issued the op never blocks for bookkeeping.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+class CommLog:
+    """Issue order of one rank's ops, shared by all its threads (hence the lock)."""
+
+    def __init__(self, path: Path | None, rank: int):
+        self.rank = rank
+        self._file = None
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._last: dict[str, int] = {}  # thread name -> its latest event
+        if path is not None:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            self._file = open(Path(path) / f"rank-{rank}.jsonl", "w")
+
+    @property
+    def enabled(self) -> bool:
+        return self._file is not None
+
+    def _write(self, rows: list[dict], batch: bool = False) -> list[int]:
+        thread = threading.current_thread().name
+        with self._lock:
+            seqs, first = [], self._seq
+            for row in rows:
+                row.update(seq=self._seq, rank=self.rank, thread=thread)
+                if batch:  # ops issued together share the first one's seq as their batch id
+                    row["batch"] = first
+                seqs.append(self._seq)
+                self._seq += 1
+                self._file.write(json.dumps(row) + "\n")
+            self._last[thread] = seqs[-1]
+        return seqs
+
+    def issue(self, comm: "Communicator", ops: Sequence[tuple[str, int | None, int | None]]) -> list[int]:
+        """One batch of (op, peer, nbytes) on `comm`; returns their seqs."""
+        if not self.enabled:
+            return []
+        rows = [{"comm": comm.name, "members": list(comm.members), "op": op, "peer": peer, "nbytes": nbytes}
+                for op, peer, nbytes in ops]
+        return self._write(rows, batch=True)
+
+    def wait(self, seqs: Sequence[int]) -> None:
+        """The calling thread has blocked until ops `seqs` completed."""
+        if self.enabled and seqs:
+            self._write([{"op": "wait", "waits": list(seqs)}])
+
+    def follows(self, after: Sequence[int]) -> None:
+        """The calling thread goes on only after another thread passed events `after` (a
+        launcher issues a step's chunks only once the engine reached its last backward)."""
+        if self.enabled and after:
+            self._write([{"op": "wait", "waits": [], "after": list(after)}])
+
+    def last_seq(self) -> list[int]:
+        """The calling thread's latest event, as an `after` edge for another thread's op."""
+        if not self.enabled:
+            return []
+        with self._lock:
+            last = self._last.get(threading.current_thread().name)
+        return [] if last is None else [last]
+
+    def close(self) -> None:
+        if self._file is not None:
+            with self._lock:
+                self._file.close()
+                self._file = None
+
+
+class Handle:
+    """Ops issued together on one communicator."""
+
+    def __init__(self, comm: "Communicator", works: list, seqs: list[int]):
+        self.comm, self.works, self.seqs = comm, works, seqs
+
+    def wait(self, log: bool = True) -> None:
+        """Block until every op is complete. `log=False` for bookkeeping threads, whose
+        waits hold back no issuing thread."""
+        for w in self.works:
+            w.wait(self.comm.timeout)
+        if self.comm.device.type == "cuda":
+            _cuda_complete(self.works)
+        if log:
+            self.comm.log.wait(self.seqs)
+
+
+_side = threading.local()
+
+
+def _cuda_complete(works: list) -> None:
+    # Work.wait() on NCCL made the current stream wait; put that wait on a side stream of
+    # this thread, so the event follows only the op and not compute queued before it.
+    stream = getattr(_side, "stream", None)
+    if stream is None:
+        stream = _side.stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for w in works:
+            w.wait()
+        event = torch.cuda.Event()
+        event.record(stream)
+    event.synchronize()
+
+
+class Communicator:
+    """One process group, named identically on all its members."""
+
+    def __init__(self, name: str, members: Sequence[int], group: dist.ProcessGroup | None,
+                 device: torch.device, log: CommLog, timeout: timedelta):
+        self.name, self.members, self.group = name, tuple(members), group
+        self.device, self.log, self.timeout = device, log, timeout
+
+    @classmethod
+    def plain(cls, group: dist.ProcessGroup | None, device: torch.device | None = None) -> "Communicator":
+        """An unlogged communicator over an existing group (tests, benchmarks)."""
+        ranks = dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size())
+        return cls("plain", sorted(ranks), group, device or torch.device("cpu"), CommLog(None, dist.get_rank()),
+                   timedelta(minutes=30))
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    @property
+    def my_index(self) -> int:
+        return dist.get_rank(self.group) if self.group is not None else dist.get_rank()
+
+    # Logging happens before the call: an op that hangs inside torch is still in the log.
+    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> Handle:
+        seqs = self.log.issue(self, [("all_reduce", None, _nbytes(t))])
+        return Handle(self, [dist.all_reduce(t, op=op, group=self.group, async_op=True)], seqs)
+
+    def broadcast(self, t: torch.Tensor, src: int) -> Handle:
+        seqs = self.log.issue(self, [("broadcast", None, _nbytes(t))])
+        return Handle(self, [dist.broadcast(t, src=src, group=self.group, async_op=True)], seqs)
+
+    def all_gather_into(self, out: torch.Tensor, t: torch.Tensor) -> Handle:
+        seqs = self.log.issue(self, [("all_gather", None, _nbytes(t))])
+        return Handle(self, [_all_gather_into(out, t, group=self.group, async_op=True)], seqs)
+
+    def all_to_all_single(self, out: torch.Tensor, t: torch.Tensor, out_splits=None, in_splits=None) -> Handle:
+        # Bytes differ per member by design (row counts); the agreed count comes first.
+        seqs = self.log.issue(self, [("all_to_all", None, None if in_splits else _nbytes(t))])
+        return Handle(self, [dist.all_to_all_single(out, t, out_splits, in_splits, group=self.group,
+                                                    async_op=True)], seqs)
+
+    def p2p(self, ops: Sequence[tuple[str, torch.Tensor, int]]) -> Handle:
+        """One batch of ("send" | "recv", tensor, peer global rank), issued together."""
+        seqs = self.log.issue(self, [(kind, peer, _nbytes(t)) for kind, t, peer in ops])
+        p2p_ops = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, t, peer, self.group)
+                   for kind, t, peer in ops]
+        return Handle(self, list(dist.batch_isend_irecv(p2p_ops)), seqs)
+
+    def barrier(self) -> None:
+        # An all-reduce of one element is a barrier on every backend, with a timeout.
+        self.all_reduce(torch.zeros(1, device=self.device)).wait()
+
+    # Object collectives are synchronous; their byte counts are not known on every member.
+    def broadcast_object(self, box: list, src: int) -> None:
+        seqs = self.log.issue(self, [("broadcast_object", None, None)])
+        dist.broadcast_object_list(box, src=src, group=self.group)
+        self.log.wait(seqs)
+
+    def all_gather_object(self, out: list, obj) -> None:
+        seqs = self.log.issue(self, [("all_gather_object", None, None)])
+        dist.all_gather_object(out, obj, group=self.group)
+        self.log.wait(seqs)
+
+    def gather_object(self, obj, out: list | None, dst: int) -> None:
+        seqs = self.log.issue(self, [("gather_object", None, None)])
+        dist.gather_object(obj, out, dst=dst, group=self.group)
+        self.log.wait(seqs)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+# all_gather_into_tensor was renamed all_gather_single (and deprecated) in recent torch.
+_all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class Waiter(threading.Thread):
+    """Waits on handles in the order given and reports each completion. Handles of one
+    communicator complete in issue order under NCCL, so one waiter per communicator loses
+    nothing; under gloo a later op that finished first is reported a little late, never
+    early. A thread blocked in wait() (outside the GIL) is the event-driven equivalent of a
+    callback, which gloo's P2P Work does not offer."""
+
+    def __init__(self, name: str):
+        super().__init__(name=name, daemon=True)
+        self.q: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.start()
+
+    def add(self, handle: Handle, done: Callable[[], None], keep: object = None) -> None:
+        self.q.put((handle, done, keep))  # `keep` (a tensor in flight) lives until completion
+
+    def run(self) -> None:
+        while (item := self.q.get()) is not None:
+            handle, done, _keep = item
+            try:
+                handle.wait(log=False)
+            except BaseException as e:  # noqa: BLE001 - surfaced by close()
+                self.error = self.error or e
+            try:
+                done()  # always: it releases a link or a chunk, which would otherwise be held forever
+            except BaseException as e:  # noqa: BLE001
+                self.error = self.error or e
+
+    def close(self) -> None:
+        self.q.put(None)
+        self.join()
+        if self.error is not None:
+            raise RuntimeError(f"{self.name}: a transfer failed") from self.error
