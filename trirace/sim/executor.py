@@ -6,8 +6,10 @@ walks its actions in `p2p_groups`, as runtime/engine.py does, and drives its
 CommScheduler at the same points runtime/comm.py does: chunks enqueued when the step's
 last backward begins, ready as that backward finishes their parameters (layer by layer),
 `p2p_started`/`p2p_finished` around sends and receive waits, `deadline` at AR, and
-`launches` after every event. What the runtime's threads and gloo do is mirrored too:
-receives are posted two ahead, a transfer moves once both ends are posted, asynchronous
+`launches` after every event. Those calls go through the same `StageDriver`
+(comm/driver.py) the runtime's threads call, so the two cannot decide differently. What
+the runtime's threads and gloo do is mirrored too: receives are posted as the driver says,
+a transfer moves once both ends are posted, asynchronous
 all-reduces queue on the group's `collective_streams` workers, while sparse exchanges and
 hierarchical all-reduces run on the launcher itself and hold it until they end.
 
@@ -24,14 +26,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..comm import CommScheduler, Policy
+from ..comm import Policy
+from ..comm.driver import StageDriver
 from ..obs.timeline import Recorder
 from ..plan import Action, Op, Schedule
 from ..plan.schedule import p2p_groups
-from ..plan.transfers import Chunk, Kind, plan_reduction
+from ..plan.transfers import Chunk, Kind
 from .fabric import Fabric, FlowClass
-
-RECV_AHEAD = 2  # runtime/comm.py keeps this many receives posted
 
 
 @dataclass(frozen=True)
@@ -97,19 +98,12 @@ class _Rank:
         self.pc = 0
         self.policy = self.work.policy
         link = sim.fabric.topo.group_link(sim.fabric.layout.dp_group(stage))
-        self.scheduler = CommScheduler(self.policy, link)
         self.has_dp = sim.fabric.layout.dp > 1
-        self.reducing = self.has_dp and not self.policy.blocking
-        self.chunks: dict[int, list[Chunk]] = {}
-        self.pending: dict[int, dict[int, int]] = {}  # step -> chunk seq -> parameters not ready
-        self.done_chunks: set[Chunk] = set()
-        self.finish_kind: dict[int, str] = {}  # step -> kind of its last chunk to finish
+        self.driver = StageDriver(self.policy, self.work.numels, link, sim.schedule.actions[stage],
+                                  reduces=self.has_dp, sparse_param=self.work.sparse_param)
         self.group = _Group(sim, sim.collective_streams)
         self.launcher_busy = False
         self.launch_queue: deque[Chunk] = deque()
-        acts = sim.schedule.actions[stage]
-        self.recv_queue = deque(a for a in acts if a.op in (Op.RF, Op.RB))
-        self.posted: set[Action] = set()
         self.waiting: Callable[[], bool] | None = None  # the condition the engine is blocked on
         self.wait_since = 0.0
         self.in_flight_mb = 0
@@ -150,9 +144,6 @@ class _Rank:
             self.pc += 1
             self.advance()
 
-    def _step(self, a: Action) -> int:
-        return a.index if a.op in (Op.AR, Op.OPT) else self.sim.schedule.step_of(a.index)
-
     def _compute(self, a: Action, seconds: float, then: Callable[[], None] | None = None) -> None:
         t0 = self.sim.now
         box = {"done": False}
@@ -172,23 +163,20 @@ class _Rank:
         step = self.sim.schedule.step_of(a.index)
         last = (a.index + 1) % self.sim.schedule.micro_batches == 0
         self.in_flight_mb -= 1
-        if not (self.reducing and last):
+        if not (self.driver.reduces and last):
             self._compute(a, sum(self.work.backward_s))
             return
-        chunks = self._plan(step)
-        self.pending[step] = {c.seq: c.params[1] - c.params[0] for c in chunks}
-        self.scheduler.enqueue(chunks)
+        self.driver.backward_begins(step)
         t0 = self.sim.now
         layers = list(zip(self.work.backward_s, self.work.backward_params))
         box = {"done": False}
 
         def layer(i: int) -> None:
             if i > 0:
-                self._params_ready(step, *layers[i - 1][1])
+                self.driver.params_ready(step, *layers[i - 1][1])
+                self.kick()
             if i == len(layers):
-                for c in chunks:  # parameters without a gradient are ready too
-                    if self.pending[step].pop(c.seq, None) is not None:
-                        self.scheduler.ready(c)
+                self.driver.backward_ends(step)
                 self.kick()
                 box["done"] = True
                 self.rec.span("compute", str(a), t0, self.sim.now)
@@ -198,24 +186,10 @@ class _Rank:
         self._block(lambda: box["done"])
         layer(0)
 
-    def _params_ready(self, step: int, lo: int, hi: int) -> None:
-        pending = self.pending[step]
-        for c in self.chunks[step]:
-            if c.seq in pending:
-                overlap = max(0, min(hi, c.params[1]) - max(lo, c.params[0]))
-                if overlap:
-                    pending[c.seq] -= overlap
-                    if pending[c.seq] <= 0:
-                        del pending[c.seq]
-                        self.scheduler.ready(c)
-        self.kick()
-
     # ------------------------------------------------------------ P2P
 
-    def _post_recvs(self) -> None:
-        while self.recv_queue and len(self.posted) < RECV_AHEAD:
-            a = self.recv_queue.popleft()
-            self.posted.add(a)
+    def _post_recvs(self, group: list[Action] | None = None) -> None:
+        for a in self.driver.recvs_to_post(group):
             self.sim.p2p_posted(self.stage, a)
 
     def _exchange(self, group: list[Action]) -> None:
@@ -223,21 +197,18 @@ class _Rank:
         recvs = [a for a in group if a.op in (Op.RF, Op.RB)]
         sends = [a for a in group if a.op in (Op.SF, Op.SB)]
         if self.policy.blocking:
-            for a in recvs:
-                self.recv_queue.remove(a)
-                self.posted.add(a)
-                sim.p2p_posted(self.stage, a)
+            self._post_recvs(group)
         msgs = [sim.p2p_send(self.stage, a) for a in sends]
         waits = []
         for a in recvs:
             msg = sim.message_for_recv(self.stage, a)
-            if not self.policy.blocking and not msg.delivered:
+            if not msg.delivered:  # a stage is waiting on this link now
                 link = sim.link_of(self.stage, msg.src)
-                self.scheduler.p2p_started(link)
-                msg.on_delivered.append(lambda link=link: self.scheduler.p2p_finished(link))
+                self.driver.p2p_started(link)
+                msg.on_delivered.append(lambda link=link: self.driver.p2p_finished(link))
             waits.append((a, msg))
         t0 = sim.now
-        step = self._step(group[0])
+        step = sim.schedule.step_of_action(group[0])
 
         def complete() -> bool:
             if not all(m.delivered for _, m in waits):
@@ -245,7 +216,7 @@ class _Rank:
             if self.policy.blocking and not all(m.delivered for m in msgs):
                 return False
             for a, m in waits:
-                self.posted.discard(a)
+                self.driver.received(a)
                 self.rec.span("p2p recv", str(a), max(m.posted_at, t0), sim.now, waited_s=sim.now - t0)
             sim.step_stats(self.stage, step).exposed["p2p"] += sim.now - t0
             if not self.policy.blocking:
@@ -257,21 +228,11 @@ class _Rank:
 
     # ------------------------------------------------------------ gradient reduction
 
-    def _plan(self, step: int) -> list[Chunk]:
-        if step not in self.chunks:
-            p = self.policy
-            elems = None if p.partition_bytes is None else p.partition_bytes // 4
-            self.chunks[step] = plan_reduction(step, self.work.numels, elems, p.chunk_order,
-                                               sparse_param=self.work.sparse_param)
-        return self.chunks[step]
-
     def kick(self) -> None:
         """The launcher thread's loop: take what the policy admits and launch it in order."""
-        if not self.reducing:
-            return
         while not self.launcher_busy:
             if not self.launch_queue:
-                self.launch_queue.extend(self.scheduler.launches())
+                self.launch_queue.extend(self.driver.launches())
                 if not self.launch_queue:
                     return
             c = self.launch_queue.popleft()
@@ -282,10 +243,8 @@ class _Rank:
         t0 = self.sim.now
 
         def done():
-            track = "sparse" if c.kind is Kind.SPARSE else "allreduce"
-            self.rec.span(track, c.name, t0, self.sim.now, bytes=c.nbytes)
-            self.done_chunks.add(c)
-            self.finish_kind[c.step] = track
+            self.rec.span("sparse" if c.kind is Kind.SPARSE else "allreduce", c.name, t0, self.sim.now, bytes=c.nbytes)
+            self.driver.chunk_done(c)
             then()
         self.group.submit(self.work.collective(c), done)
 
@@ -293,7 +252,6 @@ class _Rank:
         inline = self.work.inline(c)
 
         def done():
-            self.scheduler.finished(c)
             if inline:
                 self.launcher_busy = False
             self.kick()
@@ -306,10 +264,9 @@ class _Rank:
         if not self.has_dp:
             return
         sim = self.sim
-        chunks = self._plan(step)
         t0 = sim.now
         if self.policy.blocking:  # each chunk to completion, in order, right here
-            todo = deque(chunks)
+            todo = deque(self.driver.plan(step))
 
             def next_chunk():
                 if todo:
@@ -317,16 +274,14 @@ class _Rank:
                 else:
                     self.resume()
         else:
-            self.scheduler.deadline(step)
+            self.driver.deadline(step)
             self.kick()
 
         def complete() -> bool:
-            if not all(c in self.done_chunks for c in chunks):
+            if not self.driver.reduced(step):
                 return False
-            self.done_chunks.difference_update(chunks)
-            del self.chunks[step]
-            self.pending.pop(step, None)
-            sim.step_stats(self.stage, step).exposed[self.finish_kind.get(step, "allreduce")] += sim.now - t0
+            _, kind = self.driver.close_step(step)
+            sim.step_stats(self.stage, step).exposed[kind.value] += sim.now - t0
             return True
         if self.policy.blocking:
             self._block(complete)
@@ -470,10 +425,9 @@ class Simulation:
         msg.sent_at = self.now
         sender = self.ranks[stage]
         dst = stage + 1 if a.op is Op.SF else stage - 1
-        if not sender.policy.blocking:
-            link = self.link_of(stage, dst)
-            sender.scheduler.p2p_started(link)
-            msg.on_delivered.append(lambda: sender.scheduler.p2p_finished(link))
+        link = self.link_of(stage, dst)
+        sender.driver.p2p_started(link)
+        msg.on_delivered.append(lambda: sender.driver.p2p_finished(link))
         self._maybe_move(key, msg)
         return msg
 

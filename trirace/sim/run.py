@@ -1,10 +1,11 @@
 """Predict a training job: plan it exactly as the runtime would, then run the simulated
 executor and summarise what it saw.
 
-Planning calls the same functions as runtime/trainer.py: the partition (balanced on the
-compute model's per-layer times, as the runtime balances measured ones), the placement
-(`TrainConfig.placement`), `stage_policy`, `schedule_for_policy`, `plan_reduction`, the
-hierarchical all-reduce decision and the embedding-exchange cost model.
+The plan is the runtime's own (plan/job.py: partition balanced on the compute model's
+per-layer times as the runtime balances measured ones, placement, per-stage policies,
+schedule, hierarchy, sparse and tied parameters); the simulated executor drives the same
+StageDriver as the runtime. Only the embedding method for "auto" is estimated here, from
+the rows the job's data touches, where the runtime decides it step by step.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..comm import sparse as sparse_cost
-from ..comm.policies import POLICIES, stage_policy
+from ..comm.policies import POLICIES
 from ..config import TrainConfig
 from ..errors import UsageError
 from ..models.build import layer_param_numels
 from ..obs.timeline import write_trace
-from ..plan import Layout, build_schedule, stage_ranges
+from ..plan import Layout, stage_ranges
+from ..plan.job import plan_job
 from ..plan.bounds import Bound, link_bytes, lower_bound
-from ..plan.schedule import schedule_for_policy
-from ..plan.topology import Topology, hierarchical_pays
+from ..plan.topology import Topology
 from ..plan.transfers import Chunk, Kind
 from .calibration import Calibration
 from .cluster import Cluster
@@ -97,47 +98,42 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
         raise UsageError("simulate does not model tied embeddings across stages yet")
     if policy not in POLICIES:
         raise UsageError(f"unknown communication policy {policy!r}; choose from {', '.join(POLICIES)}")
+    cfg = cfg.model_copy(update={"comm_policy": policy})
     topo = apply_calibration(cluster, cluster.topology(cfg.world_size), calibration)
     compute = ComputeModel.build(spec, cfg.micro_batch_size, cfg.tokens_seq, cluster.device, cfg.optimizer,
                                  calibration)
-    sizes = cfg.stage_sizes(lambda: [f + b for f, b in zip(compute.forward_s, compute.backward_s)])
-    layout = Layout(cfg.pp, cfg.dp, cfg.placement(topo, sizes))
+    plan = plan_job(cfg, topo, lambda: [f + b for f, b in zip(compute.forward_s, compute.backward_s)])
+    sizes, layout = list(plan.partition), plan.layout
     fabric = Fabric(layout, topo, cluster.shared_cores)
     numels_by_layer = layer_param_numels(spec)
-    grad_bytes = cfg.stage_grad_bytes(sizes)
-    m = cfg.micro_batches
     tokens = cfg.tokens_per_replica_step
     if calibration is not None and calibration.rows_touched.get(str(tokens)):
         rows = calibration.rows_touched[str(tokens)]
     else:
         rows = expected_rows(spec.vocab_size, tokens)
-    stages, hier, methods = [], [], []
-    base = build_schedule(cfg.schedule, cfg.pp, m, cfg.steps)
-    for s, layers in enumerate(stage_ranges(sizes)):
-        ranks = layout.dp_group(s)
-        link_cls = topo.group_link(ranks)
-        link = topo.link(link_cls)
-        pol = stage_policy(policy, cfg.partition_mb, cfg.credit_mb, link.bytes_per_s)
-        use_hier = pol.name == "trirace" and hierarchical_pays(topo, ranks, grad_bytes[s])
-        hier.append(use_hier)
-        numels = [n for i in layers for n in numels_by_layer[i]]
+    stages, methods = [], []
+    for st in plan.stages:
+        link = topo.link(st.reduction_link)
         firsts = [0]
-        for i in layers:
+        for i in st.layers:
             firsts.append(firsts[-1] + len(numels_by_layer[i]))
-        bwd_params = [(firsts[j], firsts[j + 1]) for j in reversed(range(len(layers)))]
-        fwd_s, bwd_s = compute.stage(layers)
-        sparse_param = 0 if (layers.start == 0 and cfg.embedding_comm != "dense" and cfg.dp > 1) else None
+        bwd_params = [(firsts[j], firsts[j + 1]) for j in reversed(range(len(st.layers)))]
+        fwd_s, bwd_s = compute.stage(st.layers)
         method = None
-        if sparse_param is not None:
+        if st.sparse_param is not None:
             method = cfg.embedding_comm
             if method == "auto":
                 method = sparse_cost.choose(cfg.dp, spec.vocab_size, spec.d_model, math.ceil(rows),
                                             alpha_s=link.latency_s, bytes_per_s=link.bytes_per_s)
             methods.append(method)
-        stages.append(StageWork(fwd_s, bwd_s, bwd_params, compute.optimizer_s_per_param * sum(numels), numels, pol,
-                                _collective(s, fabric, topo, use_hier, method, rows, spec.vocab_size, spec.d_model),
-                                lambda c, h=use_hier: c.kind is Kind.SPARSE or h, sparse_param))
-    sched = schedule_for_policy(base, stages[0].policy.defer_updates, False)
+        stages.append(StageWork(fwd_s, bwd_s, bwd_params, compute.optimizer_s_per_param * sum(st.numels),
+                                list(st.numels), st.policy,
+                                _collective(st.stage, fabric, topo, st.hierarchical, method, rows, spec.vocab_size,
+                                            spec.d_model),
+                                lambda c, h=st.hierarchical: c.kind is Kind.SPARSE or h, st.sparse_param))
+    hier = [st.hierarchical for st in plan.stages]
+    grad_bytes = [st.grad_bytes for st in plan.stages]
+    sched = plan.schedule
     sim = Simulation(sched, fabric, stages, cfg.activation_bytes, cluster.collective_streams,
                      record=trace_out is not None)
     sim.run()
@@ -149,7 +145,7 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     exposed = {k: statistics.fmean(sim.stats[(s, t)].exposed[k] for s in range(cfg.pp) for t in kept)
                for k in ("p2p", "allreduce", "sparse")}
     bound = _bound(cfg, layout, topo, cluster, stages, _reduced_bytes(cfg, grad_bytes, methods, rows))
-    versions = base.staleness + 1
+    versions = sched.staleness + 1
     mem = [stage_memory(spec, layers, cfg.micro_batch_size, cfg.tokens_seq, r.peak_in_flight, versions,
                         cfg.optimizer)["total"] / 1e9 for layers, r in zip(stage_ranges(sizes), sim.ranks)]
     if trace_out is not None:
