@@ -77,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated (default: {','.join(SYSTEMS)})")
     bench.add_argument("--out", default="bench-out", metavar="DIR", help="bench.json, bench.md, bench.png (default: bench-out)")
     bench.add_argument("--json", metavar="FILE", help="also write the JSON here")
+    plan = sub.add_parser("plan", help="print the job plan a train command would run (partition, placement, "
+                          "policies, schedule, reduction), without training")
+    _add_config_flags(plan, TrainConfig)
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    check = sub.add_parser("commcheck", help="replay the logs of --comm-log DIR under NCCL's rules: "
+                           "exit 0 when clean, 1 naming the first deadlock or mismatch")
+    check.add_argument("dir", metavar="DIR", help="the directory train --comm-log wrote (rank-R.jsonl files)")
     sim = sub.add_parser("simulate", help="predict iteration time, overlap and memory of a job on a cluster, "
                          "without running it (same schedules and policies, simulated executor)")
     _add_config_flags(sim, TrainConfig, JOB_FIELDS)
@@ -124,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
             return _simulate(args)
         if args.command == "profile":
             return _profile(args)
+        if args.command == "plan":
+            return _plan(args)
+        if args.command == "commcheck":
+            from .obs.commcheck import main as commcheck
+
+            return commcheck(args.dir)
     except UsageError as e:
         print(f"trirace: error: {e}", file=sys.stderr)
         return 2
@@ -147,6 +160,25 @@ def _train(args: argparse.Namespace) -> int:
     except WorkerFailed as e:
         print(f"trirace: {e}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    from .plan.job import plan_job
+    from .plan.topology import load_topology, single_node
+    from .runtime.launch import prepare
+
+    cfg = prepare(_config(args))  # what train does before spawning: data checked, partition fixed
+    topo = load_topology(cfg.topology) if cfg.topology else single_node(cfg.world_size)
+    plan = plan_job(cfg, topo)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(plan.describe())
+        if cfg.probe:
+            print("(links as given; train probes them at start-up, which can change trirace's chunk size)")
     return 0
 
 

@@ -103,7 +103,7 @@ class Handle:
         for w in self.works:
             w.wait(self.comm.timeout)
         if self.comm.device.type == "cuda":
-            _cuda_complete(self.works)
+            _cuda_complete(self.works, self.comm.device)
         if log:
             self.comm.log.wait(self.seqs)
 
@@ -111,18 +111,19 @@ class Handle:
 _side = threading.local()
 
 
-def _cuda_complete(works: list) -> None:
-    # Work.wait() on NCCL made the current stream wait; put that wait on a side stream of
-    # this thread, so the event follows only the op and not compute queued before it.
-    stream = getattr(_side, "stream", None)
-    if stream is None:
-        stream = _side.stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for w in works:
-            w.wait()
-        event = torch.cuda.Event()
-        event.record(stream)
-    event.synchronize()
+def _cuda_complete(works: list, device: torch.device) -> None:
+    # Work.wait() on NCCL only makes the current stream wait. Wait on a side stream of this
+    # thread instead, so the event follows the op alone and not compute queued before it.
+    # (A new thread's current CUDA device is 0: name the device explicitly.)
+    with torch.cuda.device(device):
+        streams = _side.__dict__.setdefault("streams", {})
+        stream = streams.get(device) or streams.setdefault(device, torch.cuda.Stream(device))
+        with torch.cuda.stream(stream):
+            for w in works:
+                w.wait()
+            event = torch.cuda.Event()
+            event.record(stream)
+        event.synchronize()
 
 
 class Communicator:

@@ -84,6 +84,8 @@ class Reduction:
 
     def _launch_loop(self, ready: threading.Event) -> None:
         try:
+            if self.c.device.type == "cuda":  # a new thread's current device is 0
+                torch.cuda.set_device(self.c.device)
             warm_up_reduction(self.g, self.c.device)
         except BaseException as e:  # noqa: BLE001 - raised on the engine by __init__
             self.error = e
