@@ -164,7 +164,7 @@ def test_unmatched_trailing_send_never_completes(tmp_path):
     message = only(check(write(tmp_path, [r0, r1])), "deadlock")
     assert message.startswith("rank 0 send to 1 on p (seq 2) waits: "
                               "rank 1 never posts a matching recv from 0 on p (this is send #2)")
-    assert "1 ops stuck in all" in message and "0 threads blocked" in message
+    assert "1 op stuck in all" in message and "0 threads blocked" in message
 
 
 def test_p2p_size_mismatch(tmp_path):

@@ -40,7 +40,8 @@ def _matrix(layout: str, tmp: Path) -> list[tuple[str, dict]]:
     that rotate, so that across the layouts every mode and both tie settings meet every
     policy (the full cross product would take minutes of real processes)."""
     pp, dp = map(int, layout.split("x"))
-    extra = {"topology": str(_topology(tmp, *LAYOUTS[layout]))} if LAYOUTS[layout] else {}
+    extra = ({"topology": str(_topology(tmp, *LAYOUTS[layout])), "rank_order": "dp-inner"}  # replicas span nodes
+             if LAYOUTS[layout] else {})
     out = []
     for i, (sched, policy) in enumerate(itertools.product(KINDS, POLICIES)):
         k = i + list(LAYOUTS).index(layout)

@@ -121,7 +121,8 @@ def load(dir: Path) -> Logs:
     """Read every `rank-R.jsonl` in `dir`. Unreadable input becomes malformed findings."""
     dir = Path(dir)
     if not dir.is_dir():
-        return Logs(dir, {}, [Finding("malformed", f"{dir}: no such directory")])
+        why = "not a directory" if dir.exists() else "no such directory"
+        return Logs(dir, {}, [Finding("malformed", f"{dir}: {why}")])
     ranks: dict[int, list[Event]] = {}
     findings: list[Finding] = []
     for path in sorted(dir.glob("rank-*.jsonl")):
@@ -536,8 +537,8 @@ class _Replay:
         if not stuck and not blocked:
             return []
         first = min(stuck + [t.events[t.pos] for t in blocked], key=lambda e: (e.rank, e.seq))
-        tally = (f"{len(stuck) + never} ops stuck in all: {len(stuck)} issued, {never} never issued; "
-                 f"{len(blocked)} threads blocked")
+        tally = (f"{_plural(len(stuck) + never, 'op')} stuck in all: {len(stuck)} issued, {never} never issued; "
+                 f"{_plural(len(blocked), 'thread')} blocked")
         return [Finding("deadlock", f"{_name(first)} waits: {self._why(first)} ({tally})")]
 
     def _why(self, ev: Event) -> str:
@@ -604,6 +605,10 @@ class _Replay:
         if not blocked:
             return "all its threads finished"
         return "; ".join(self._where(rank, t.name) for t in blocked[:2])
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _what(ev: Event) -> str:
