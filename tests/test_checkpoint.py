@@ -4,6 +4,7 @@ goes, under another policy too, and a torn checkpoint is passed over."""
 import pytest
 
 from trirace.config import make_config
+from trirace.obs.commcheck import check
 from trirace.runtime import WorkerFailed, run_local
 
 BASE = dict(model="gpt-test", data="synthetic", pp=2, dp=2, micro_batches=3, micro_batch_size=2, seq_len=16,
@@ -20,14 +21,29 @@ def test_resume_is_bitwise_identical(tmp_path, schedule):
     full = make_config(BASE, schedule=schedule, steps=7)
     first = make_config(BASE, schedule=schedule, steps=4, checkpoint_dir=ck, checkpoint_every=2)
     # Resumed under another policy: the checkpoint does not depend on it.
-    resumed = make_config(BASE, schedule=schedule, steps=7, checkpoint_dir=ck, resume=True, comm_policy="fifo")
-    a, b, c = run_local([full, first, resumed], timeout_s=240)
+    resumed = make_config(BASE, schedule=schedule, steps=7, checkpoint_dir=ck, resume=True, comm_policy="fifo",
+                          comm_log=tmp_path / "log-even")
+    cfgs = [full, first, resumed]
+    if schedule == "2bw":  # and at an odd step, where 2BW's two weight slots swap roles
+        cfgs += [make_config(BASE, steps=3, checkpoint_dir=tmp_path / "ck3", checkpoint_every=1),
+                 make_config(BASE, steps=7, checkpoint_dir=tmp_path / "ck3", resume=True, comm_policy="fifo",
+                             comm_log=tmp_path / "log-odd")]
+    a, b, c, *odd = run_local(cfgs, timeout_s=240)
     assert (ck / "step-000001").is_dir() and (ck / "step-000003").is_dir()
     whole, tail = _losses(a), _losses(c)
     assert sorted(tail) == [4, 5, 6]  # continued after the last checkpoint (step 3)
     for step, loss in tail.items():
         assert loss == whole[step], step
     assert _losses(b) == {s: whole[s] for s in range(4)}
+    resumed_runs = [("even", c)] + ([("odd", odd[1])] if odd else [])
+    if odd:
+        assert _losses(odd[1]) == {s: whole[s] for s in range(3, 7)}
+    for which, rows in resumed_runs:
+        report = check(tmp_path / f"log-{which}")  # NCCL's rules hold after a resume too
+        assert report.ok, report.summary()
+        # Overlap survives the resume: the gradient hooks arm the weight slot the resumed
+        # run computes on, so chunks are readied while backward runs, every step.
+        assert all(r["chunks_ready_early"] > 0 for r in rows), (which, [r["chunks_ready_early"] for r in rows])
 
 
 def test_torn_checkpoint_is_ignored(tmp_path):

@@ -7,7 +7,6 @@ import torch
 
 from trirace.cli import main
 from trirace.comm.driver import RECV_AHEAD, StageDriver
-from trirace.comm.policies import make_policy
 from trirace.config import make_config
 from trirace.plan import Op
 from trirace.plan.job import plan_job

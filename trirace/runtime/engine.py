@@ -136,6 +136,8 @@ class Engine:
                 continue
             t0, c0 = time.perf_counter(), time.thread_time()
             compute[a.op](a.index)
+            if self.device.type == "cuda":  # kernels run asynchronously: time them, not their launch
+                torch.cuda.synchronize(self.device)
             t1, c1 = time.perf_counter(), time.thread_time()
             self.rec.span("compute", str(a), t0, t1)
             step = self.sched.step_of_action(a)

@@ -10,6 +10,7 @@ the policy yields to; the engine waits only for data it needs.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,7 +18,7 @@ from ..plan import Action, Op, Schedule
 from ..plan.transfers import Kind
 from .comms import Handle, Waiter
 
-if False:  # typing only: comm.py imports this module
+if TYPE_CHECKING:  # comm.py imports this module
     from .comm import Comm
 
 

@@ -30,7 +30,7 @@ from ..comm import Policy
 from ..comm.driver import StageDriver
 from ..obs.timeline import Recorder
 from ..plan import Action, Op, Schedule
-from ..plan.schedule import p2p_groups
+from ..plan.schedule import p2p_groups, peer_stage, transfer_ends
 from ..plan.transfers import Chunk, Kind
 from .fabric import Fabric, FlowClass
 
@@ -395,13 +395,8 @@ class Simulation:
     @staticmethod
     def _key(stage: int, a: Action) -> tuple:
         """(direction, sending stage, micro-batch): a send and its receive meet here."""
-        if a.op is Op.SF:
-            return ("fwd", stage, a.index)
-        if a.op is Op.RF:
-            return ("fwd", stage - 1, a.index)
-        if a.op is Op.SB:
-            return ("bwd", stage, a.index)
-        return ("bwd", stage + 1, a.index)
+        src, dst = transfer_ends(stage, a.op)
+        return ("fwd" if src < dst else "bwd", src, a.index)
 
     def link_of(self, stage: int, other: int) -> str:
         L = self.fabric.layout
@@ -424,8 +419,7 @@ class Simulation:
         msg = self._message(key)
         msg.sent_at = self.now
         sender = self.ranks[stage]
-        dst = stage + 1 if a.op is Op.SF else stage - 1
-        link = self.link_of(stage, dst)
+        link = self.link_of(stage, peer_stage(stage, a.op))
         sender.driver.p2p_started(link)
         msg.on_delivered.append(lambda: sender.driver.p2p_finished(link))
         self._maybe_move(key, msg)
