@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "commcheck":
             from .obs.commcheck import main as commcheck
 
+            if not Path(args.dir).is_dir():
+                raise UsageError(f"{args.dir} is not a directory (give the --comm-log DIR of a train run)")
             return commcheck(args.dir)
     except UsageError as e:
         print(f"trirace: error: {e}", file=sys.stderr)

@@ -670,8 +670,9 @@ def main(dir: str) -> int:
     """Print the summary line, then each finding; 0 when clean, else 1."""
     report = check(dir)
     print(report.summary())
-    for f in report.findings:
-        print(f"  {f.line()}")
+    if len(report.findings) > 1:  # a single one is the summary already
+        for f in report.findings:
+            print(f"  {f.line()}")
     return 0 if report.ok else 1
 
 
