@@ -18,9 +18,10 @@ def _losses(results):
 
 @pytest.fixture(scope="module")
 def pp2dp2():
-    """One set of 4 processes: every policy x {2bw, 1f1b}, then the straggler runs."""
+    """One set of 4 processes: every policy on 2bw, then the straggler runs. (Every policy on
+    every schedule, against the losses pre-change main recorded: test_nccl_rules.py.)"""
     base = dict(BASE, pp=2, dp=2, steps=6, micro_batches=3, micro_batch_size=2)
-    cfgs = [make_config(base, schedule=s, comm_policy=p) for s in ("2bw", "1f1b") for p in POLICIES]
+    cfgs = [make_config(base, schedule="2bw", comm_policy=p) for p in POLICIES]
     cfgs += [make_config(base, schedule="2bw", comm_policy=p, straggler="1:0.02") for p in POLICIES]
     cfgs += [make_config(base, schedule="2bw", comm_policy="trirace", autotune=True, steps=30, straggler="2:0.002"),
              make_config(base, schedule="2bw", comm_policy="blocking", steps=30)]
@@ -28,10 +29,9 @@ def pp2dp2():
     return cfgs, res
 
 
-@pytest.mark.parametrize("schedule", ["2bw", "1f1b"])
-def test_losses_bitwise_identical_across_policies(pp2dp2, schedule):
+def test_losses_bitwise_identical_across_policies(pp2dp2):
     cfgs, res = pp2dp2
-    got = {c.comm_policy: losses for c, losses in zip(cfgs[:8], _losses(res[:8])) if c.schedule == schedule}
+    got = {c.comm_policy: losses for c, losses in zip(cfgs[:4], _losses(res[:4]))}
     assert set(got) == set(POLICIES)
     assert all(len(v) == 6 for v in got.values())
     for p in POLICIES:
@@ -44,7 +44,7 @@ def test_straggler_replica_keeps_the_math(pp2dp2):
     the agreed order of their collectives does not, so nothing hangs or mixes."""
     cfgs, res = pp2dp2
     reference = _losses(res[:1])[0]
-    for c, losses in zip(cfgs[8:12], _losses(res[8:12])):
+    for c, losses in zip(cfgs[4:8], _losses(res[4:8])):
         assert losses == reference, c.comm_policy
 
 
@@ -55,7 +55,7 @@ def test_autotune_agrees_on_every_rank_and_keeps_the_math(pp2dp2):
     from trirace.comm import make_policy
 
     cfgs, res = pp2dp2
-    tuned, blocking = res[12], res[13]
+    tuned, blocking = res[8], res[9]
     assert [r["loss"] for r in tuned] == [r["loss"] for r in blocking]
     tuner = Tuner(make_policy("trirace"), lag=2)
     sizes = [(r["partition_mb"], r["credit_mb"]) for r in tuned]
@@ -80,8 +80,9 @@ def test_metrics_report_exposed_communication(pp2dp2):
     assert sum(r["exposed_allreduce_s"] for r in blocking) > 0  # blocking waits for every reduction
 
 
-# 1x2, 2x1, 2x2, 4x1 and 2x4 run every schedule x policy in test_nccl_rules.py.
-LAYOUTS = [(1, 1), (3, 1), (3, 2), (4, 2)]
+# 1x2, 2x1, 2x2, 4x1 and 2x4 run every schedule x policy in test_nccl_rules.py; 3x2 stands
+# for deeper pipelines with replicas (4x2 would cost 8 more processes for little more).
+LAYOUTS = [(1, 1), (3, 1), (3, 2)]
 
 
 @pytest.mark.parametrize("pp, dp", LAYOUTS)
