@@ -32,7 +32,7 @@ class Reduction:
         self.asynchronous = comm.driver.reduces
         self.armed: dict[int, int] = {}  # weight-buffer slot -> step whose last backward runs on it
         self.after: dict[int, list[int]] = {}  # step -> the engine's last logged event before it
-        self.handles: dict[Chunk, list[int]] = {}  # chunk -> seqs of its logged ops
+        self.chunk_seqs: dict[Chunk, list[int]] = {}  # chunk -> seqs of its logged ops
         self.tie: dict[int, tuple[Handle, float]] = {}
         self.error: BaseException | None = None
         self.stopping = False
@@ -139,7 +139,7 @@ class Reduction:
             self.error = self.error or e
         finally:
             with self.c.cond:
-                self.handles[c] = seqs
+                self.chunk_seqs[c] = seqs
                 self.c.driver.chunk_done(c)
                 self.c.cond.notify_all()
 
@@ -173,7 +173,7 @@ class Reduction:
                     if self.error is not None:
                         raise RuntimeError("communication launcher failed") from self.error
                     chunks, kind = driver.close_step(step)
-                    seqs = [s for ch in chunks for s in self.handles.pop(ch, [])]
+                    seqs = [s for ch in chunks for s in self.chunk_seqs.pop(ch, [])]
                     self.after.pop(step, None)
                 self.c.log.wait(seqs)  # this thread blocked until they were done
             else:  # in order, each to completion, right here
