@@ -7,7 +7,6 @@ Real runs over every schedule x policy on five layouts, embedding modes and tied
 caught; and the losses must equal those pre-change main recorded
 (tests/data/baseline_losses.json)."""
 
-import itertools
 import json
 import shutil
 from pathlib import Path

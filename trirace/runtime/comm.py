@@ -55,14 +55,6 @@ class Comm:
         if not self.driver.policy.blocking:
             self.p2p.post_ahead()
 
-    @property
-    def policy(self):
-        return self.driver.policy
-
-    @property
-    def hierarchy(self):
-        return self.g.hierarchy
-
     def policy_for(self, step: int):
         return self.driver.policy_for(step)
 

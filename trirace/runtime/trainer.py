@@ -234,7 +234,7 @@ class _StepMetrics:
         row["rank_order"] = self.g.layout.order
         row["transfers"] = int(v["transfers"])
         row["chunks_ready_early"] = int(v["early_chunks"])  # readied by gradient hooks while backward ran
-        row["hierarchical_allreduce"] = self.comm.hierarchy is not None
+        row["hierarchical_allreduce"] = self.g.hierarchy is not None
         p = self.comm.policy_for(step)
         row["partition_mb"] = p.partition_bytes / MiB if p.partition_bytes else None
         row["credit_mb"] = p.credit_bytes / MiB if p.credit_bytes else None
