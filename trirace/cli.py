@@ -13,6 +13,7 @@ import typing
 from pathlib import Path
 
 from .comm.policies import POLICIES as POLICY_NAMES
+from . import preflight
 from .config import TrainConfig, make_config
 from .errors import UsageError
 
@@ -34,6 +35,9 @@ def _add_config_flags(p: argparse.ArgumentParser, model: type[TrainConfig], only
         kw: dict = {"dest": name, "default": None, "help": help_ if field.default is not None else field.description}
         if kind is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            continue
+        if name == "resume":  # a bare --resume means auto
+            p.add_argument(flag, nargs="?", const="auto", choices=typing.get_args(kind), **kw)
             continue
         args = typing.get_args(kind)
         if typing.get_origin(kind) is typing.Literal:
@@ -63,12 +67,18 @@ def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mtu", type=int, default=9000, help="MTU of the emulated links (default: 9000)")
 
 
+def _add_dry_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true", help="check every flag, input file and output path, "
+                   "say what would run, and start nothing")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trirace", description="Hybrid pipeline x data parallel training with "
                      "multidimensional communication scheduling.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     train = sub.add_parser("train", help="train a model (spawns pp x dp local processes, or runs under torchrun)")
     _add_config_flags(train, TrainConfig)
+    _add_dry_run(train)
     bench = sub.add_parser("bench", help="every communication policy and the torch.distributed.pipelining peer, "
                            "side by side on an emulated cluster")
     _add_config_flags(bench, TrainConfig)
@@ -77,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated (default: {','.join(SYSTEMS)})")
     bench.add_argument("--out", default="bench-out", metavar="DIR", help="bench.json, bench.md, bench.png (default: bench-out)")
     bench.add_argument("--json", metavar="FILE", help="also write the JSON here")
+    _add_dry_run(bench)
     plan = sub.add_parser("plan", help="print the job plan a train command would run (partition, placement, "
                           "policies, schedule, reduction), without training")
     _add_config_flags(plan, TrainConfig)
@@ -104,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--cluster", default="testbed", help="the cluster preset this machine stands for (default: testbed)")
     prof.add_argument("--link", help="also measure an emulated inter-node link of this rate (root; e.g. 250mbit)")
     prof.add_argument("--mtu", type=int, default=9000, help="MTU of that emulated link (default: 9000)")
+    _add_dry_run(prof)
     testbed = sub.add_parser("testbed", help="build or remove an emulated multi-node cluster (root)")
     tsub = testbed.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
     _add_cluster_flags(tsub.add_parser("up", help="namespaces, veth pairs to a bridge, tbf-shaped links"))
@@ -157,6 +169,8 @@ def _train(args: argparse.Namespace) -> int:
     from .runtime import WorkerFailed, train  # torch is imported only once the flags are sane
 
     cfg = _config(args)
+    if args.dry_run:
+        return _show_plan(cfg, as_json=False)
     try:
         train(cfg)
     except WorkerFailed as e:
@@ -166,29 +180,37 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    return _show_plan(_config(args), as_json=args.json)
+
+
+def _show_plan(cfg: TrainConfig, as_json: bool) -> int:
+    """What train would run, after every check train makes before it starts a process."""
     import json
 
     from .plan.job import plan_job
     from .plan.topology import load_topology, single_node
+    from .runtime.checkpoint import resume_line, resume_point
     from .runtime.launch import prepare
 
-    cfg = prepare(_config(args))  # what train does before spawning: data checked, partition fixed
+    cfg = prepare(cfg)  # what train does before spawning: paths and data checked, partition fixed
     topo = load_topology(cfg.topology) if cfg.topology else single_node(cfg.world_size)
     plan = plan_job(cfg, topo)
-    if args.json:
+    if as_json:
         print(json.dumps(plan.to_dict(), indent=2))
-    else:
-        print(plan.describe())
-        if cfg.probe:
-            print("(links as given; train probes them at start-up, which can change trirace's chunk size)")
+        return 0
+    print(plan.describe())
+    if cfg.probe:
+        print("(links as given; train probes them at start-up, which can change trirace's chunk size)")
+    if line := resume_line(cfg, *resume_point(cfg, cfg.partition)):
+        print(line)
     return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
     from .bench import side_by_side as bench
+    from .runtime.launch import prepare
 
     systems = tuple(x.strip() for x in args.systems.split(","))
     if bad := [x for x in systems if x not in SYSTEMS]:
@@ -197,11 +219,19 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError("--rounds must be at least 1")
     cluster = bench.Cluster(args.nodes, args.ranks_per_node, None if args.link == "none" else args.link, args.mtu)
     cfg = _config(args, steps=8)
+    bench.check(cfg, cluster)
+    out = Path(args.out)
+    preflight.output_dir(out, "--out")
+    if args.json:
+        preflight.output_file(args.json, "--json")
+    if args.dry_run:
+        prepare(cfg)
+        print(f"dry run: would bench {', '.join(systems)} on {cluster.describe()}, {args.rounds} round(s)")
+        return 0
     print(f"bench: {cfg.model} {cfg.schedule} pp={cfg.pp} dp={cfg.dp} m={cfg.micro_batches}, "
           f"{cfg.tokens_per_step} tokens/step; {cluster.describe()}; {args.rounds} round(s) x {cfg.steps} steps "
           f"per system: {', '.join(systems)}", file=sys.stderr, flush=True)
     payload = bench.run(cfg, cluster, systems, args.rounds)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(payload, indent=2)
     (out / "bench.json").write_text(text)
@@ -229,6 +259,10 @@ def _simulate(args: argparse.Namespace) -> int:
     cfg = _config(args, steps=8)
     cluster = load_cluster(args.cluster, args.nodes, args.ranks_per_node, args.link)
     cal = load_calibration(args.calibration) if args.calibration else None
+    if args.json:
+        preflight.output_file(args.json, "--json")
+    if args.trace_out:
+        preflight.output_dir(args.trace_out, "--trace-out")
     policies = POLICY_NAMES if args.policy == "all" else (args.policy,)
     trace = Path(args.trace_out) / "trace.json" if args.trace_out else None
     if args.sweep:
@@ -253,6 +287,19 @@ def _profile(args: argparse.Namespace) -> int:
     if args.cluster not in PRESETS:
         raise UsageError(f"unknown cluster {args.cluster!r}; choose from {', '.join(PRESETS)}")
     cfg = _config(args)
+    preflight.output_file(args.out, "--out")
+    if args.link is not None:
+        from .testbed import Testbed
+        from .testbed.shell import require_tools
+
+        Testbed("trirace", 2, 1, args.link, args.mtu)  # validates the rate and MTU
+        require_tools()
+    if args.dry_run:
+        from .runtime.launch import prepare
+
+        prepare(cfg)
+        print(f"dry run: would profile {cfg.model} and write {args.out}")
+        return 0
     print(f"profile: {cfg.model}, micro-batches of {cfg.micro_batch_size} x {cfg.tokens_seq} tokens, "
           f"as one of {cfg.world_size} ranks here{f'; links at {args.link}' if args.link else ''}",
           file=sys.stderr, flush=True)

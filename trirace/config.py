@@ -55,7 +55,9 @@ class TrainConfig(BaseModel):
         "auto", description="torch.distributed backend (auto: nccl when there is a CUDA device per rank)")
     checkpoint_dir: Path | None = Field(None, description="save checkpoints here")
     checkpoint_every: int = Field(0, ge=0, description="save after every N steps (0: only after the last)")
-    resume: bool = Field(False, description="continue from the newest complete checkpoint in --checkpoint-dir")
+    resume: Literal["off", "auto", "require"] = Field(
+        "off", description="continue from the newest complete checkpoint in --checkpoint-dir; auto (what a bare "
+        "--resume means) starts from step 0 when there is none, saying so; require makes that an error")
     fail_timeout_s: float = Field(60.0, gt=0, description="a rank waiting this long on a peer gives up (exit non-zero)")
     kill: tuple[int, int] | None = Field(None, description="fault injection: RANK:STEP kills that rank when the step starts")
     straggler: tuple[int, float] | None = Field(
@@ -74,6 +76,13 @@ class TrainConfig(BaseModel):
     @classmethod
     def _split_partition(cls, v: Any) -> Any:
         return [int(x) for x in v.split(",")] if isinstance(v, str) else v
+
+    @field_validator("resume", mode="before")
+    @classmethod
+    def _resume_flag(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # YAML `resume: true`, or the flag's old boolean form
+            return "auto" if v else "off"
+        return v
 
     @field_validator("straggler", "kill", mode="before")
     @classmethod
@@ -96,7 +105,7 @@ class TrainConfig(BaseModel):
                 f"2bw needs micro_batches >= pp (got {self.micro_batches} < {self.pp})")
         if self.seq_len is not None and self.seq_len > spec.max_seq_len:
             raise ValueError(f"seq_len {self.seq_len} exceeds {self.model}'s maximum {spec.max_seq_len}")
-        if self.resume and self.checkpoint_dir is None:
+        if self.resume != "off" and self.checkpoint_dir is None:
             raise ValueError("resume needs checkpoint_dir")
         if self.autotune and self.comm_policy == "blocking":
             raise ValueError("autotune tunes chunk and credit sizes; the blocking policy has none")

@@ -16,7 +16,11 @@ def read_mapping(path: str | Path, what: str) -> dict[str, Any]:
     if not p.is_file():
         raise UsageError(f"{what} not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text())
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{what} {p} is not readable text: {getattr(e, 'strerror', None) or e.reason}") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

@@ -75,12 +75,24 @@ def _testbed(cluster: Cluster):
         yield tb.rank_command, tb.rank_env, topo
 
 
-def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS, rounds: int = 2) -> dict:
-    if base.world_size != cluster.nodes * cluster.ranks_per_node and cluster.link is not None:
-        raise UsageError(f"pp x dp = {base.world_size} but the cluster has {cluster.nodes} x "
-                         f"{cluster.ranks_per_node} ranks")
+def check(base: TrainConfig, cluster: Cluster) -> None:
+    """What would stop a bench before it measures anything, found before it starts."""
     if base.steps <= WARMUP_STEPS:
         raise UsageError(f"bench needs more than {WARMUP_STEPS} steps per run")
+    if cluster.link is None:
+        return
+    from ..testbed import Testbed
+    from ..testbed.shell import require_tools
+
+    Testbed("trirace", cluster.nodes, cluster.ranks_per_node, cluster.link, cluster.mtu)  # validates its fields
+    if base.world_size != cluster.nodes * cluster.ranks_per_node:
+        raise UsageError(f"pp x dp = {base.world_size} but the cluster has {cluster.nodes} x "
+                         f"{cluster.ranks_per_node} ranks")
+    require_tools()
+
+
+def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS, rounds: int = 2) -> dict:
+    check(base, cluster)
     os.environ.update(MALLOC_ENV)
     with _testbed(cluster) as (rank_command, rank_env, topo_file):
         nominal = _nominal_topology(cluster, base.world_size)

@@ -71,25 +71,44 @@ def check(d: Path, ident: dict) -> int:
     """The checkpoint's step, after making sure it belongs to this model and layout."""
     try:
         meta = json.loads((d / "meta.json").read_text())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
         raise UsageError(f"unreadable checkpoint {d}: {e}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int) or meta["step"] != _step_of(d):
+        raise UsageError(f"checkpoint {d}: meta.json is not the meta of this step directory")
     for k, v in ident.items():
         if meta.get(k) != v:
             raise UsageError(f"checkpoint {d} is for {k}={meta.get(k)!r}, this run has {k}={v!r}")
-    return int(meta["step"])
+    return meta["step"]
+
+
+def _step_of(d: Path) -> int:
+    return int(_STEP.fullmatch(d.name).group(1))
 
 
 def resume_point(cfg: TrainConfig, partition: list[int]) -> tuple[Path | None, int]:
-    """(checkpoint to load, first global step to run) for `cfg`: (None, 0) unless resuming."""
-    if not cfg.resume:
+    """(checkpoint to load, first global step to run) for `cfg`: (None, 0) unless resuming
+    from a checkpoint that exists; with resume=require, a missing one is an error."""
+    if cfg.resume == "off":
         return None, 0
     found = latest(cfg.checkpoint_dir, cfg.pp)
     if found is None:
+        if cfg.resume == "require":
+            raise UsageError(f"--resume=require: no complete checkpoint in {cfg.checkpoint_dir}")
         return None, 0
     first = check(found, identity(cfg, partition)) + 1
     if first >= cfg.steps:
         raise UsageError(f"checkpoint {found} already reaches --steps {cfg.steps}; raise --steps to continue")
     return found, first
+
+
+def resume_line(cfg: TrainConfig, found: Path | None, first: int) -> str | None:
+    """What a resuming run tells the user before its first step (None when not resuming):
+    a typo in the directory must not restart a long run from step 0 silently."""
+    if cfg.resume == "off":
+        return None
+    if found is None:
+        return f"no checkpoint in {cfg.checkpoint_dir}; training starts from step 0"
+    return f"resuming from {found} (step {first} of {cfg.steps})"
 
 
 def load(d: Path, stage: int, model: StageModel) -> None:

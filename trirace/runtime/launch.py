@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import TrainConfig
+from .. import preflight
 from ..errors import UsageError
 from ..plan.topology import load_topology
 from . import checkpoint
@@ -53,11 +54,13 @@ def train(cfg: TrainConfig) -> list[dict] | None:
         world = int(os.environ["WORLD_SIZE"])
         if world != cfg.world_size:
             raise UsageError(f"pp x dp = {cfg.pp} x {cfg.dp} = {cfg.world_size} but torchrun started {world} ranks")
+        preflight.train_outputs(cfg)
         backend = resolve_backend(cfg.backend, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.checkpoint_dir is not None:
-            cfg = cfg.model_copy(update={"resume": True})  # restarted by torchrun: go on from the checkpoint
+            # Restarted by torchrun: go on from the checkpoint (require stays require).
+            cfg = cfg.model_copy(update={"resume": "auto" if cfg.resume == "off" else cfg.resume})
         timeout = timedelta(seconds=cfg.fail_timeout_s)
         # Keys of a failed attempt stay in torchrun's store; a fresh prefix per restart keeps
         # the new attempt's gloo mesh from dialling the old attempt's (dead) addresses.
@@ -79,6 +82,7 @@ def train(cfg: TrainConfig) -> list[dict] | None:
 def prepare(cfg: TrainConfig) -> TrainConfig:
     """Work done once before spawning: validate the data (and build its token cache) and fix
     the partition, so the workers all load the same cache and cut the same stages."""
+    preflight.train_outputs(cfg)
     if cfg.topology is not None:
         load_topology(cfg.topology).check(cfg.world_size)
     sampler = sampler_for(cfg)

@@ -90,6 +90,8 @@ class Trainer:
         sizes = cfg.stage_sizes(lambda: times)
         self.ident = checkpoint.identity(cfg, sizes)
         found, self.first_step = checkpoint.resume_point(cfg, sizes)
+        if dist.get_rank() == 0 and (line := checkpoint.resume_line(cfg, found, self.first_step)):
+            print(f"trirace: {line}", file=sys.stderr, flush=True)
         self.plan: JobPlan = plan_job(cfg, topology, lambda: times, steps=cfg.steps - self.first_step)
         self.sizes = list(self.plan.partition)
         self.groups: Groups = make_groups(self.plan, self.device, self.control)

@@ -16,9 +16,12 @@ JSON, so it can be read, diffed and edited:
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from pydantic import TypeAdapter, ValidationError
 
 from ..errors import UsageError
 from ..models import ModelSpec
@@ -66,14 +69,18 @@ def load_calibration(path: str | Path) -> Calibration:
         data = json.loads(p.read_text())
     except FileNotFoundError:
         raise UsageError(f"calibration file {p} does not exist (make one with trirace profile)") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise UsageError(f"calibration file {p}: {e}") from None
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
+        raise UsageError(f"calibration file {p}: not a trirace calibration ({e})") from None
     if not isinstance(data, dict) or data.get("version") != VERSION:
         raise UsageError(f"calibration file {p}: not a version-{VERSION} trirace calibration")
-    try:
-        cal = Calibration(**data)
-    except TypeError as e:
-        raise UsageError(f"calibration file {p}: {e}") from None
-    if len(cal.forward_s) != len(cal.backward_s) or any(t < 0 for t in cal.forward_s + cal.backward_s):
-        raise UsageError(f"calibration file {p}: forward_s and backward_s must be equally long and non-negative")
+    try:  # pydantic checks every field's type, nested ones included, against the dataclass
+        cal = TypeAdapter(Calibration).validate_python(data, strict=False)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise UsageError(f"calibration file {p}: {where}: {err['msg']}") from None
+    times = cal.forward_s + cal.backward_s
+    if len(cal.forward_s) != len(cal.backward_s) or not all(math.isfinite(t) and t >= 0 for t in times):
+        raise UsageError(f"calibration file {p}: forward_s and backward_s must be equally long, finite and "
+                         "non-negative")
     return cal
