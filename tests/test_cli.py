@@ -79,6 +79,68 @@ def test_topology_that_does_not_match_the_job(capsys, tmp_path):
     assert "topology has 3 x 2 = 6 ranks but the job has 4" in _bad(capsys, tmp_path, "--topology", str(f))
 
 
+# Found by using the tool as a new user would (issue 17); each failed before its fix.
+
+@pytest.mark.parametrize("flag", ["--trace-out", "--checkpoint-dir", "--comm-log"])
+def test_unwritable_output_dir_is_refused_before_anything_starts(capsys, tmp_path, flag):
+    line = _bad(capsys, tmp_path, "--steps", "1", *QUICK, flag, "/proc/trirace-nope")
+    assert line == f"trirace: error: {flag} /proc/trirace-nope: cannot write under /proc (No such file or directory)"
+
+
+def test_output_under_a_file_is_refused(capsys, tmp_path):
+    (tmp_path / "f").write_text("x")
+    assert "is a file, so nothing can be created under it" in _bad(capsys, tmp_path, "--trace-out",
+                                                                     str(tmp_path / "f" / "trace"))
+
+
+def _one_line_error(capsys, argv) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+@pytest.mark.parametrize("what", ["calibration", "config", "topology", "cluster"])
+def test_binary_input_file_is_one_line(capsys, tmp_path, what):
+    f = tmp_path / "blob"
+    f.write_bytes(bytes(range(256)) * 4)
+    argv = {"calibration": ["simulate", "--model", "gpt-test", "--calibration", str(f)],
+            "config": ["simulate", "--config", str(f)],
+            "topology": ["plan", "--topology", str(f)],
+            "cluster": ["simulate", "--model", "gpt-test", "--cluster", str(f)]}[what]
+    assert str(f) in _one_line_error(capsys, argv)
+
+
+def test_calibration_of_the_wrong_types_is_one_line(capsys, tmp_path):
+    f = tmp_path / "cal.json"
+    f.write_text(json.dumps({"version": 1, "model": "gpt-test", "micro_batch_size": 2, "seq_len": 16, "threads": 1,
+                             "forward_s": ["fast"], "backward_s": [0.1], "optimizer_s_per_param": 0.0}))
+    assert "forward_s.0: Input should be a valid number" in _one_line_error(
+        capsys, ["simulate", "--model", "gpt-test", "--calibration", str(f)])
+
+
+def test_resume_require_refuses_a_missing_checkpoint(capsys, tmp_path):
+    line = _one_line_error(capsys, ["train", *QUICK, "--checkpoint-dir", str(tmp_path / "typo"),
+                                    "--resume=require"])
+    assert line == f"trirace: error: --resume=require: no complete checkpoint in {tmp_path / 'typo'}"
+    assert not (tmp_path / "typo").exists()
+
+
+def test_bare_resume_says_it_starts_from_step_0(capsys, tmp_path):
+    assert main(["train", *QUICK, "--checkpoint-dir", str(tmp_path / "typo"), "--resume", "--dry-run"]) == 0
+    assert f"no checkpoint in {tmp_path / 'typo'}; training starts from step 0" in capsys.readouterr().out
+
+
+def test_workers_that_exit_0_without_metrics_fail_the_job():
+    """An empty run must not pass for a run: tests compare losses run_local returns."""
+    from trirace.config import make_config
+    from trirace.runtime import WorkerFailed, run_local
+
+    cfg = make_config(dict(model="gpt-test", data="synthetic", steps=1, balance="params", progress=False))
+    with pytest.raises(WorkerFailed, match="job 0 ended without the reporter rank's metrics"):
+        run_local([cfg], timeout_s=60, rank_command=lambda r: ["true"])  # each rank exits 0 at once
+
+
 def test_missing_config_file(capsys, tmp_path):
     assert "config file not found" in _bad(capsys, tmp_path, "--config", str(tmp_path / "nope.yaml"))
 

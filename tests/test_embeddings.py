@@ -33,7 +33,8 @@ def test_every_method_matches_dense(runs, schedule, tie):
     assert len(dense) == 4
     for m in METHODS[1:]:
         got = _losses(runs[(m, schedule, tie, "trirace")][1])
-        for a, b in zip(got, dense):
+        assert len(got) == 4
+        for a, b in zip(got, dense, strict=True):
             assert a == pytest.approx(b, rel=1e-6), (m, schedule, tie)
 
 
@@ -61,7 +62,9 @@ def test_metrics_name_the_method_and_its_bytes(runs):
 def test_tied_table_and_head_stay_identical(runs, schedule):
     """pp=2: the table lives on stage 0 (ranks 0, 1), the head on stage 1 (ranks 2, 3)."""
     for m in METHODS:
-        for r in runs[(m, schedule, True, "trirace")][1]:
+        rows = runs[(m, schedule, True, "trirace")][1]
+        assert len(rows) == 4
+        for r in rows:
             sums = r["tied_checksums"]
             assert sums[0] != 0 and sums[0] == sums[1] == sums[2] == sums[3], (m, r["step"])
 
@@ -69,7 +72,8 @@ def test_tied_table_and_head_stay_identical(runs, schedule):
 def test_tied_training_matches_single_process(runs):
     cfg, rows = runs[("dense", "1f1b", True, "trirace")]
     want = train_sync(cfg)
-    for a, b in zip(_losses(rows), want):
+    assert len(want) == cfg.steps
+    for a, b in zip(_losses(rows), want, strict=True):
         assert a == pytest.approx(b, rel=1e-5)
     untied = _losses(runs[("dense", "1f1b", False, "trirace")][1])
     assert untied[-1] != _losses(rows)[-1]  # tying really changed the model

@@ -11,7 +11,7 @@ RTOL = 1e-5
 
 def _close(got: list[float], want: list[float]) -> None:
     assert len(got) == len(want) > 0
-    for t, (a, b) in enumerate(zip(got, want)):
+    for t, (a, b) in enumerate(zip(got, want, strict=True)):
         assert abs(a - b) <= RTOL * abs(b), f"step {t}: {a} vs {b}"
 
 
@@ -47,7 +47,7 @@ def test_2bw_differs_from_synchronous_training(runs):
     assert losses[0] == pytest.approx(sync[0], rel=RTOL)  # both compute on W(0)
     assert losses[1] == pytest.approx(at_w0[1], rel=RTOL)  # step 1 still computes on W(0) ...
     assert abs(sync[1] - at_w0[1]) > 1e-4 * abs(sync[1])  # ... where synchronous training has W(1)
-    assert any(abs(a - b) > 1e-4 * abs(b) for a, b in zip(losses[2:], sync[2:]))
+    assert any(abs(a - b) > 1e-4 * abs(b) for a, b in zip(losses[2:], sync[2:], strict=True))
 
 
 def test_loss_decreases(runs):

@@ -206,12 +206,12 @@ def test_hierarchical_allreduce_is_used_where_it_pays():
 
 
 def test_sparse_chunk_is_simulated_for_the_table():
-    cfg = make_config({"model": "gpt-tiny", "pp": 2, "dp": 2, "steps": 6, "data": "synthetic",
-                       "embedding_comm": "allgather"})
-    r = simulate(cfg, load_cluster("testbed"), "trirace")
-    assert r.embedding_method == "allgather"
-    from trirace.plan.transfers import plan_reduction
-    assert any(c.kind is Kind.SPARSE for c in plan_reduction(0, [10, 5], None, "ready", sparse_param=0))
+    """The table's gradient travels as its own sparse exchange, which a dense run never has."""
+    runs = {m: simulate(make_config({"model": "gpt-tiny", "pp": 2, "dp": 2, "steps": 6, "data": "synthetic",
+                                     "embedding_comm": m}), load_cluster("testbed"), "trirace")
+            for m in ("allgather", "dense")}
+    assert runs["allgather"].embedding_method == "allgather" and runs["dense"].embedding_method is None
+    assert runs["allgather"].exposed_comm_s["sparse"] > 0 == runs["dense"].exposed_comm_s["sparse"]
 
 
 # ------------------------------------------------------------------ calibration and CLI

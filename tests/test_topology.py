@@ -101,7 +101,8 @@ def test_hierarchical_allreduce_matches_flat(tmp_path):
     res = run_local([make_config(base, comm_policy=p) for p in ("trirace", "blocking")], timeout_s=240)
     tri, blk = res
     assert all(r["hierarchical_allreduce"] for r in tri) and not any(r["hierarchical_allreduce"] for r in blk)
-    for a, b in zip(tri, blk):
+    assert len(tri) == len(blk) == 4
+    for a, b in zip(tri, blk, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
 
 

@@ -30,7 +30,7 @@ def runs() -> tuple[TrainConfig, list[dict], list[dict], list[dict]]:
 
 def _max_rel(got: list[dict], want: list[dict]) -> float:
     assert len(got) == len(want) == STEPS
-    return max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(got, want))
+    return max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(got, want, strict=True))
 
 
 def test_losses_match_trirace_1f1b(runs):

@@ -127,7 +127,9 @@ def run_local(cfgs: list[TrainConfig], world_size: int | None = None, timeout_s:
         out = []
         for i in range(len(cfgs)):
             f = Path(tmp) / f"result-{i}.json"
-            out.append(json.loads(f.read_text()) if f.exists() else [])
+            if not f.exists():  # every rank exited 0 yet the reporter wrote nothing: never pass that off as a run
+                raise WorkerFailed(f"job {i} ended without the reporter rank's metrics")
+            out.append(json.loads(f.read_text()))
         return out
 
 
