@@ -46,7 +46,7 @@ def test_resume_is_bitwise_identical(tmp_path, schedule):
         assert all(r["chunks_ready_early"] > 0 for r in rows), (which, [r["chunks_ready_early"] for r in rows])
 
 
-def test_torn_checkpoint_is_ignored(tmp_path):
+def test_torn_checkpoint_is_ignored(tmp_path, capfd):
     ck = tmp_path / "ck"
     full = make_config(BASE, steps=6)
     first = make_config(BASE, steps=4, checkpoint_dir=ck, checkpoint_every=2)
@@ -54,18 +54,32 @@ def test_torn_checkpoint_is_ignored(tmp_path):
     # A writer killed mid-step-3: one stage file missing, a temporary left behind.
     (ck / "step-000003" / "stage-1.pt").rename(ck / "step-000003" / "stage-1.pt.tmp123")
     resumed = make_config(BASE, steps=6, checkpoint_dir=ck, resume=True)
-    a, c = run_local([full, resumed], timeout_s=240)
+    typo = make_config(BASE, steps=2, checkpoint_dir=tmp_path / "ck-typo", resume="auto")
+    capfd.readouterr()
+    a, c, d = run_local([full, resumed, typo], timeout_s=240)
     tail = _losses(c)
     assert sorted(tail) == [2, 3, 4, 5]  # from the complete step-1 checkpoint
     for step, loss in tail.items():
         assert loss == _losses(a)[step]
+    # Each resuming run says where it starts, once (rank 0): a typo must not restart silently.
+    err = capfd.readouterr().err.splitlines()
+    assert err.count(f"trirace: resuming from {ck / 'step-000001'} (step 2 of 6)") == 1
+    assert err.count(f"trirace: no checkpoint in {tmp_path / 'ck-typo'}; training starts from step 0") == 1
+    assert _losses(d) == {0: _losses(a)[0], 1: _losses(a)[1]}
 
 
-def test_checkpoint_of_another_layout_is_refused(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory):
+    """A checkpoint after 2 steps of BASE (read-only for the tests that share it)."""
+    ck = tmp_path_factory.mktemp("two-steps") / "ck"
+    run_local([make_config(BASE, steps=2, checkpoint_dir=ck)], timeout_s=240)
+    return ck
+
+
+def test_checkpoint_of_another_layout_is_refused(two_steps, capsys):
     from trirace.cli import main
 
-    ck = tmp_path / "ck"
-    run_local([make_config(BASE, steps=2, checkpoint_dir=ck)], timeout_s=240)
+    ck = two_steps
     code = main(["train", "--model", "gpt-test", "--data", "synthetic", "--micro-batches", "3", "--seq-len", "16",
                  "--micro-batch-size", "2", "--partition", "2,5", "--steps", "4", "--no-progress",
                  "--checkpoint-dir", str(ck), "--resume"])
@@ -74,11 +88,10 @@ def test_checkpoint_of_another_layout_is_refused(tmp_path, capsys):
     assert "is for partition=[3, 4], this run has partition=[2, 5]" in err[0]
 
 
-def test_nothing_left_to_do_is_an_error(tmp_path):
+def test_nothing_left_to_do_is_an_error(two_steps):
     from trirace.errors import UsageError
 
-    ck = tmp_path / "ck"
-    run_local([make_config(BASE, steps=2, checkpoint_dir=ck)], timeout_s=240)
+    ck = two_steps
     with pytest.raises(UsageError, match="already reaches --steps 2"):
         run_local([make_config(BASE, steps=2, checkpoint_dir=ck, resume=True)], timeout_s=240)
     with pytest.raises(UsageError, match="resume needs checkpoint_dir"):

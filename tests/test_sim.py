@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import subprocess
-import sys
+from contextlib import redirect_stderr, redirect_stdout
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -16,7 +17,6 @@ from trirace.config import make_config
 from trirace.plan import Layout, Op, build_schedule
 from trirace.plan.schedule import schedule_for_policy
 from trirace.plan.topology import Link, Topology
-from trirace.plan.transfers import Kind
 from trirace.sim.calibration import Calibration, load_calibration
 from trirace.sim.cluster import PRESETS, load_cluster
 from trirace.sim.executor import Simulation, StageWork
@@ -25,8 +25,15 @@ from trirace.sim.network import Network
 from trirace.sim.run import ring, simulate
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trirace.cli", *args], capture_output=True, text=True, timeout=300)
+def cli(*args: str) -> SimpleNamespace:
+    """The command in this process (a fresh interpreter per call costs seconds; test_cli.py
+    runs the installed command in its own process)."""
+    from trirace.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(args))
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 # ------------------------------------------------------------------ network

@@ -21,7 +21,7 @@ from .plan.topology import Topology, choose_rank_order
 
 
 class TrainConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no --lr inf, no nan timeouts
 
     model: str = Field("gpt-tiny", description="model preset: " + ", ".join(PRESETS))
     pp: int = Field(2, ge=1, description="pipeline depth (stages)")

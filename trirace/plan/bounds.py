@@ -2,14 +2,24 @@
 - the busiest rank's own computation (its stage's work is serial),
 - all ranks' computation divided by the cores they share (here 4 ranks share 2 cores),
 - for every node's uplink and downlink, the bytes it must carry over its bandwidth.
-Overlap efficiency is this bound over the measured step time (design.md 4)."""
+Overlap efficiency is this bound over the measured step time (design.md 4).
+
+The bytes are counted from the job plan as the run sends them: a hierarchical reduction
+crosses nodes only among the node leaders, and the token table, when it travels as a
+sparse exchange, counts at that method's bytes, not densely. The bench, the simulator and
+placement (plan/placement.py) all count with `plan_link_bytes`; a bound that counts more
+than is sent is one a run can beat, which is a bug."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .layout import Layout
 from .topology import INTER, Topology
+
+if TYPE_CHECKING:
+    from .job import JobPlan
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,51 @@ def link_bytes(layout: Layout, topo: Topology, micro_batches: int, activation_by
         for i, r in enumerate(ranks):  # ring order: each member sends to the next
             if n > 1:
                 add(r, ranks[(i + 1) % n], 2 * (n - 1) / n * stage_grad_bytes[s])
+    return load
+
+
+def plan_link_bytes(plan: JobPlan, micro_batches: int, activation_bytes: int,
+                    table_sent: float | None = None) -> dict[tuple[int, str], float]:
+    """Bytes per step on each (node, "up"|"down") inter-node link under `plan`.
+
+    P2P: every micro-batch's activations forward and gradients back. Reductions, per
+    stage: a ring over the group (each member sends 2(n-1)/n of the gradient to the next,
+    gloo's ring order being the group's), or when hierarchical a ring among one leader per
+    node (the in-node reduce and broadcast cross no NIC). `table_sent`: the bytes one
+    member sends to exchange the token table by its sparse method (None: it is in the dense
+    gradient); it travels over the flat group, counted as a ring's edges would carry it,
+    which no direct exchange beats on a node's links."""
+    layout, topo = plan.layout, plan.topology
+    load: dict[tuple[int, str], float] = {}
+
+    def add(src: int, dst: int, nbytes: float) -> None:
+        if nbytes > 0 and topo.link_between(src, dst) == INTER:
+            load[(topo.node_of(src), "up")] = load.get((topo.node_of(src), "up"), 0.0) + nbytes
+            load[(topo.node_of(dst), "down")] = load.get((topo.node_of(dst), "down"), 0.0) + nbytes
+
+    def ring(members: list[int], per_member: float) -> None:
+        for i, r in enumerate(members):
+            add(r, members[(i + 1) % len(members)], per_member)
+
+    for a, b in layout.p2p_pairs():
+        add(a, b, micro_batches * activation_bytes)
+        add(b, a, micro_batches * activation_bytes)
+    for st in plan.stages:
+        if not st.reduces:
+            continue
+        dense = float(st.grad_bytes)
+        if st.sparse_param is not None and table_sent is not None:
+            dense -= 4 * st.numels[st.sparse_param]
+            ring(list(st.ranks), table_sent)
+        members = list(st.ranks)
+        if st.hierarchical:
+            leaders: dict[int, int] = {}
+            for r in members:
+                leaders.setdefault(topo.node_of(r), r)
+            members = list(leaders.values())
+        n = len(members)
+        if n > 1:
+            ring(members, 2 * (n - 1) / n * dense)
     return load
 
 
