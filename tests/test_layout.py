@@ -10,6 +10,9 @@ from trirace.plan.layout import ORDERS
 
 SHAPES = [(pp, dp) for pp in range(1, 6) for dp in range(1, 6)]
 LAYOUTS = [Layout(pp, dp, order) for pp, dp in SHAPES for order in ORDERS]
+# The blocked mixes: every block size that divides its axis, on shapes that have some.
+LAYOUTS += [Layout(pp, dp, f"{axis}-blocks-{k}") for pp, dp in [(2, 4), (4, 2), (3, 6), (4, 4)]
+            for axis, n in (("dp", dp), ("pp", pp)) for k in range(1, n + 1) if n % k == 0]
 
 
 def test_orders():
@@ -117,10 +120,26 @@ def test_invalid_sizes(pp, dp, fragment):
         Layout(pp, dp)
 
 
-@pytest.mark.parametrize("order", ["dp_inner", "PP-INNER", "", "data"])
+@pytest.mark.parametrize("order", ["dp_inner", "PP-INNER", "", "data", "dp-blocks-0", "dp-blocks-", "tp-blocks-2"])
 def test_invalid_order(order):
     with pytest.raises(UsageError, match="unknown rank order"):
         Layout(2, 2, order)
+
+
+def test_blocks_generalise_both_orders():
+    """K = dp is dp-inner and K = 1 is pp-inner; in between, a node of K x m ranks holds K
+    replicas of m consecutive stages."""
+    for pp, dp in [(2, 4), (4, 2), (3, 6)]:
+        for k, same in ((dp, "dp-inner"), (1, "pp-inner")):
+            a, b = Layout(pp, dp, f"dp-blocks-{k}"), Layout(pp, dp, same)
+            assert [a.coords(r) for r in range(pp * dp)] == [b.coords(r) for r in range(pp * dp)]
+        assert [Layout(pp, dp, f"pp-blocks-{pp}").coords(r) for r in range(pp * dp)] == \
+            [Layout(pp, dp, "pp-inner").coords(r) for r in range(pp * dp)]
+    mix = Layout(4, 4, "dp-blocks-2")
+    assert [mix.coords(r) for r in range(8)] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)]
+    assert mix.dp_group(0) == [0, 1, 8, 9]
+    with pytest.raises(UsageError, match="3 does not divide dp=4"):
+        Layout(2, 4, "dp-blocks-3")
 
 
 @pytest.mark.parametrize("order", ORDERS)

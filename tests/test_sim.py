@@ -212,13 +212,18 @@ def test_hierarchical_allreduce_is_used_where_it_pays():
     assert tri.exposed_comm_s["allreduce"] < fifo.exposed_comm_s["allreduce"]
 
 
-def test_sparse_chunk_is_simulated_for_the_table():
-    """The table's gradient travels as its own sparse exchange, which a dense run never has."""
-    runs = {m: simulate(make_config({"model": "gpt-tiny", "pp": 2, "dp": 2, "steps": 6, "data": "synthetic",
-                                     "embedding_comm": m}), load_cluster("testbed"), "trirace")
-            for m in ("allgather", "dense")}
-    assert runs["allgather"].embedding_method == "allgather" and runs["dense"].embedding_method is None
-    assert runs["allgather"].exposed_comm_s["sparse"] > 0 == runs["dense"].exposed_comm_s["sparse"]
+def test_sparse_chunk_is_simulated_for_the_table(tmp_path):
+    """The table's gradient travels as its own sparse exchange (SP spans in the simulated
+    timeline, one per step), which a dense run never has."""
+    spans = {}
+    for m in ("allgather", "dense"):
+        cfg = make_config({"model": "gpt-tiny", "pp": 2, "dp": 2, "steps": 6, "data": "synthetic", "embedding_comm": m})
+        r = simulate(cfg, load_cluster("testbed"), "trirace", trace_out=tmp_path / f"{m}.json")
+        assert r.embedding_method == (m if m != "dense" else None)
+        events = json.loads((tmp_path / f"{m}.json").read_text())
+        events = events["traceEvents"] if isinstance(events, dict) else events
+        spans[m] = [e["name"] for e in events if e.get("ph") == "X" and e["name"].startswith("SP")]
+    assert sorted(spans["allgather"]) == [f"SP{t}.5" for t in range(6)] and spans["dense"] == []
 
 
 # ------------------------------------------------------------------ calibration and CLI

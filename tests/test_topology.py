@@ -6,7 +6,7 @@ from trirace.comm import CommScheduler, make_policy
 from trirace.comm.policies import MiB
 from trirace.config import make_config
 from trirace.errors import UsageError
-from trirace.plan.topology import (INTER, INTRA, Link, Topology, choose_rank_order, hierarchical_pays,
+from trirace.plan.topology import (INTER, INTRA, Link, Topology, hierarchical_pays,
                                    load_topology, parse_rate, parse_time)
 from trirace.plan.transfers import plan_reduction
 from trirace.runtime import run_local
@@ -52,17 +52,6 @@ def test_bad_topology_files(tmp_path, text, needle):
 
 
 FAST, SLOW = Link(100e9, 2e-6), Link(250e6, 1e-4)
-
-
-def test_placement_keeps_heavier_traffic_inside_nodes():
-    t = Topology(2, 2, FAST, SLOW)
-    # pp=2 x dp=2 on 2 nodes x 2: one kind must cross nodes; the heavier one stays inside.
-    assert choose_rank_order(t, 2, 2, p2p_bytes=4e6, allreduce_bytes=29e6) == "dp-inner"
-    assert choose_rank_order(t, 2, 2, p2p_bytes=40e6, allreduce_bytes=2e6) == "pp-inner"
-    # One node: nothing crosses, keep the default.
-    assert choose_rank_order(Topology(1, 4, FAST, SLOW), 2, 2, 40e6, 2e6) == "dp-inner"
-    # 4 nodes x 1: both cross whatever the order.
-    assert choose_rank_order(Topology(4, 1, FAST, SLOW), 2, 2, 4e6, 29e6) == "dp-inner"
 
 
 def test_hierarchical_pays_only_when_the_group_spans_and_shares_nodes():

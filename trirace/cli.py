@@ -191,10 +191,11 @@ def _show_plan(cfg: TrainConfig, as_json: bool) -> int:
     from .plan.topology import load_topology, single_node
     from .runtime.checkpoint import resume_line, resume_point
     from .runtime.launch import prepare
+    from .runtime.trainer import measure_layers
 
     cfg = prepare(cfg)  # what train does before spawning: paths and data checked, partition fixed
     topo = load_topology(cfg.topology) if cfg.topology else single_node(cfg.world_size)
-    plan = plan_job(cfg, topo)
+    plan = plan_job(cfg, topo, lambda: measure_layers(cfg))  # auto placement weighs layer times too
     if as_json:
         print(json.dumps(plan.to_dict(), indent=2))
         return 0

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ConfigError, UsageError
 from .yamlfile import read_mapping
 from .models import PRESETS, ModelSpec, layer_names, layer_param_counts
-from .plan.partition import balance, check_sizes, stage_sums
-from .plan.topology import Topology, choose_rank_order
+from .plan.partition import balance, check_sizes
+from .plan.layout import Layout, is_order
 
 
 class TrainConfig(BaseModel):
@@ -37,8 +37,9 @@ class TrainConfig(BaseModel):
     data: str = Field("stdlib", description="'stdlib' (Python's own sources), 'synthetic', or a file/dir of text")
     partition: list[int] | None = Field(None, description="layers per stage, e.g. [3, 4]; default balances")
     balance: Literal["time", "params"] = Field("time", description="what the partitioner balances")
-    rank_order: Literal["auto", "dp-inner", "pp-inner"] = Field(
-        "auto", description="which parallelism gets adjacent ranks (auto: keep the heavier traffic inside nodes)")
+    rank_order: str = Field(
+        "auto", description="which parallelism gets adjacent ranks: dp-inner, pp-inner, dp-blocks-K, pp-blocks-K, "
+        "or auto (the fastest of them by prediction)")
     topology: Path | None = Field(None, description="YAML topology (nodes, ranks_per_node, links); default: detect")
     probe: bool = Field(True, description="measure link latency and bandwidth at start-up")
     tie_embeddings: bool = Field(False, description="share the token table with the output head (GPT-2 style)")
@@ -70,6 +71,13 @@ class TrainConfig(BaseModel):
     def _known_model(cls, v: str) -> str:
         if v not in PRESETS:
             raise ValueError(f"unknown model preset {v!r}; choose from {', '.join(PRESETS)}")
+        return v
+
+    @field_validator("rank_order")
+    @classmethod
+    def _known_order(cls, v: str) -> str:
+        if v != "auto" and not is_order(v):
+            raise ValueError(f"unknown rank order {v!r}; choose auto, dp-inner, pp-inner, dp-blocks-K or pp-blocks-K")
         return v
 
     @field_validator("partition", mode="before")
@@ -112,6 +120,11 @@ class TrainConfig(BaseModel):
         for name, pair in (("straggler", self.straggler), ("kill", self.kill)):
             if pair is not None and not 0 <= pair[0] < self.world_size:
                 raise ValueError(f"{name} rank {pair[0]} is outside the {self.world_size} ranks")
+        if self.rank_order != "auto":
+            try:
+                Layout(self.pp, self.dp, self.rank_order)  # a block size must divide its axis
+            except UsageError as e:
+                raise ValueError(str(e)) from None
         if self.partition is not None:
             try:
                 check_sizes(self.partition, n_layers, self.pp)
@@ -147,10 +160,6 @@ class TrainConfig(BaseModel):
         b, s, d = self.activation_shape
         return 4 * b * s * d
 
-    def stage_grad_bytes(self, partition: list[int]) -> list[int]:
-        """Bytes of each stage's gradient (fp32) under a partition."""
-        return [4 * n for n in stage_sums(layer_param_counts(self.spec), partition)]
-
     def stage_sizes(self, layer_times: Callable[[], list[float]]) -> list[int]:
         """Layers per stage: the explicit override, or a balance of parameters or of per-layer
         time, which `layer_times` supplies (measured by the runtime, modelled by the simulator)."""
@@ -159,19 +168,6 @@ class TrainConfig(BaseModel):
         if self.balance == "params":
             return balance([float(c) for c in layer_param_counts(self.spec)], self.pp)
         return balance(layer_times(), self.pp)
-
-    def traffic_per_step(self, partition: list[int]) -> tuple[float, float]:
-        """(P2P bytes a middle stage sends, all-reduce bytes the heaviest stage's ranks send)
-        per step: what placement weighs to keep the heavier traffic inside nodes."""
-        p2p = 2 * self.micro_batches * self.activation_bytes  # activations forward, gradients back
-        allreduce = 2 * (self.dp - 1) / self.dp * max(self.stage_grad_bytes(partition))
-        return p2p, allreduce
-
-    def placement(self, topo: Topology, partition: list[int]) -> str:
-        """The rank order: as configured, or whichever keeps the heavier traffic inside nodes."""
-        if self.rank_order != "auto":
-            return self.rank_order
-        return choose_rank_order(topo, self.pp, self.dp, *self.traffic_per_step(partition))
 
     @property
     def tokens_per_replica_step(self) -> int:

@@ -2,8 +2,8 @@
 one run: the four trirace policies and torch.distributed.pipelining's Schedule1F1B.
 
 Systems run in interleaved rounds (A B C D E A B C D E) so that drift of a shared machine
-hits them alike; each run's first steps are warm-up and are dropped; reported figures are
-medians of the kept steps. The lower bound is the batch's physical limit (plan/bounds.py),
+hits them alike; each run's first steps (warm-up) and last steps (drain) are dropped;
+reported figures are medians of the steady steps between (plan/bounds.py: steady_steps). The lower bound is the batch's physical limit (plan/bounds.py),
 the same for every system, so overlap efficiency compares them on one scale.
 """
 
@@ -18,14 +18,14 @@ from pathlib import Path
 
 from ..config import TrainConfig
 from ..errors import UsageError
-from ..plan import Layout
-from ..plan.bounds import Bound, link_bytes, lower_bound
+from ..plan.bounds import DRAIN_STEPS, WARMUP_STEPS, Bound, lower_bound, plan_link_bytes, steady_steps
+from ..plan.job import plan_job
 from ..plan.topology import DEFAULT_INTRA, Link, Topology, parse_rate
 from ..runtime import run_local
 from ..runtime.launch import prepare
+from ..runtime.trainer import measure_layers
 
 SYSTEMS = ("blocking", "fifo", "priority", "trirace", "torch-1f1b")
-WARMUP_STEPS = 2
 
 # Whatever one system gets, all get (design.md 4): glibc malloc churn otherwise costs
 # page faults per step. Set before the workers start, so every worker inherits them.
@@ -77,8 +77,9 @@ def _testbed(cluster: Cluster):
 
 def check(base: TrainConfig, cluster: Cluster) -> None:
     """What would stop a bench before it measures anything, found before it starts."""
-    if base.steps <= WARMUP_STEPS:
-        raise UsageError(f"bench needs more than {WARMUP_STEPS} steps per run")
+    if len(steady_steps(base.steps)) < 2:
+        raise UsageError(f"bench needs at least {WARMUP_STEPS + DRAIN_STEPS + 2} steps per run (the first "
+                         f"{WARMUP_STEPS} and the last {DRAIN_STEPS} are not steady)")
     if cluster.link is None:
         return
     from ..testbed import Testbed
@@ -98,7 +99,9 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
         nominal = _nominal_topology(cluster, base.world_size)
         base = prepare(base.model_copy(update={"topology": topo_file, "progress": False, "metrics_out": None,
                                                "trace_out": None}))
-        base = base.model_copy(update={"rank_order": base.placement(nominal, base.partition)})
+        # One placement for every system (the peer included): what trirace's planner picks.
+        order = plan_job(base, nominal, lambda: measure_layers(base)).layout.order
+        base = base.model_copy(update={"rank_order": order})
         cfgs, names = [], []
         for _ in range(rounds):
             for sysname in systems:
@@ -111,7 +114,8 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
     rows: dict[str, list[dict]] = {s: [] for s in systems}
     losses: dict[str, list[float]] = {}
     for name, res in zip(names, runs):
-        rows[name] += res[WARMUP_STEPS:]
+        steady = steady_steps(len(res))
+        rows[name] += res[steady.start:steady.stop]
         losses.setdefault(name, [r["loss"] for r in res])
     measured = [s for s in ("blocking", *systems) if s in rows and "rank_compute_cpu_s" in rows[s][0]]
     if not measured:
@@ -125,7 +129,7 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
         results.append(Result(s, base.tokens_per_step / step[s], step[s], bound.seconds, bound.seconds / step[s],
                               ref / step[s], med("exposed_p2p_s"), med("exposed_allreduce_s"), losses[s]))
     return {"config": {**base.model_dump(mode="json", exclude={"topology"}), "cluster": asdict(cluster),
-                       "rounds": rounds, "warmup_steps": WARMUP_STEPS,
+                       "rounds": rounds, "warmup_steps": WARMUP_STEPS, "drain_steps": DRAIN_STEPS,
                        "lower_bound": {**asdict(bound), "binding": bound.binding}},
             "results": [asdict(r) for r in results]}
 
@@ -137,12 +141,13 @@ def _nominal_topology(cluster: Cluster, world: int) -> Topology:
 
 
 def _bound(cfg: TrainConfig, topo: Topology, rows: list[dict]) -> Bound:
-    """From the blocking run's per-rank compute CPU time (no overlap inflates it) and the
-    bytes every link must carry under the run's layout."""
+    """From the first trirace system's per-rank compute CPU time and the bytes every link
+    carries under the job's plan, the token table at the bytes the run measured sending."""
     world = cfg.world_size
     per_rank = [statistics.median(r["rank_compute_cpu_s"][i] for r in rows) for i in range(world)]
-    load = link_bytes(Layout(cfg.pp, cfg.dp, cfg.rank_order), topo, cfg.micro_batches, cfg.activation_bytes,
-                      cfg.stage_grad_bytes(cfg.partition))
+    plan = plan_job(cfg, topo)
+    sent = statistics.median(r["embedding_bytes"] for r in rows) if plan.stages[0].sparse_param is not None else None
+    load = plan_link_bytes(plan, cfg.micro_batches, cfg.activation_bytes, sent)
     return lower_bound(per_rank, os.cpu_count() or 1, load, topo)
 
 

@@ -25,8 +25,9 @@ from ..config import TrainConfig
 from ..errors import UsageError
 from ..models import build_layers, lm_loss
 from ..plan import Layout, stage_ranges
+from ..plan.job import plan_job
 from ..runtime.probe import detect_topology
-from ..runtime.trainer import _Reporter, batch_fn, default_device, plan_partition, sampler_for
+from ..runtime.trainer import _Reporter, batch_fn, default_device, measure_layers, plan_partition, sampler_for
 
 SYSTEM = "torch-1f1b"
 
@@ -128,11 +129,15 @@ def _partition(cfg: TrainConfig) -> list[int]:
 def _layout(cfg: TrainConfig, sizes: list[int]) -> Layout:
     """The same placement as trirace, so both run on the same links: the configured order,
     or for "auto" trirace's own choice from the detected (or given) topology."""
-    order = cfg.rank_order
-    if order == "auto":  # detection is a collective: every rank takes this branch together
-        topo = detect_topology(str(cfg.topology) if cfg.topology else None, cfg.world_size)
-        order = cfg.placement(topo, sizes)
-    return Layout(cfg.pp, cfg.dp, order)
+    if cfg.rank_order != "auto":
+        return Layout(cfg.pp, cfg.dp, cfg.rank_order)
+    # Detection is a collective: every rank takes this branch together. The prediction
+    # weighs measured layer times, which differ between ranks, so rank 0 decides.
+    topo = detect_topology(str(cfg.topology) if cfg.topology else None, cfg.world_size)
+    fixed = cfg.model_copy(update={"partition": sizes})
+    box = [plan_job(fixed, topo, lambda: measure_layers(cfg)).layout.order if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return Layout(cfg.pp, cfg.dp, box[0])
 
 
 def _make_groups(layout: Layout, stage: int, replica: int,

@@ -100,6 +100,16 @@ def choose(n_workers: int, vocab: int, dim: int, rows_touched_max: int, elem_byt
     return methods[min(range(len(methods)), key=secs.__getitem__)]
 
 
+def expected_rows(vocab: int, tokens: int, zipf_s: float = 1.0) -> float:
+    """Distinct ids among `tokens` draws from a Zipf(s) vocabulary, the shape of real text
+    (used when no calibration measured the training data)."""
+    import numpy as np
+
+    p = 1.0 / np.arange(1, vocab + 1) ** zipf_s
+    p /= p.sum()
+    return float(np.sum(-np.expm1(tokens * np.log1p(-p))))
+
+
 def expected_union(n_workers: int, vocab: int, rows_touched: int) -> float:
     """Rows touched by any of N replicas that each touch `rows_touched` uniformly at random."""
     if vocab <= 0:

@@ -15,11 +15,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .layout import Layout
 from .topology import INTER, Topology
 
 if TYPE_CHECKING:
     from .job import JobPlan
+
+
+WARMUP_STEPS = 2  # the pipeline fills, allocators and caches warm up
+DRAIN_STEPS = 2  # stages that have finished free the cores and links, so the last steps run fast
+
+
+def steady_steps(steps: int) -> range:
+    """The steps a step time is measured over, where the bound holds step by step: neither
+    the fill nor the drain (a drain step on shared cores can take a tenth of a steady one).
+    Short runs keep what they can: at least the last step."""
+    first = min(WARMUP_STEPS, steps - 1)
+    return range(first, max(first + 1, steps - DRAIN_STEPS))
 
 
 @dataclass(frozen=True)
@@ -35,30 +46,6 @@ class Bound:
     @property
     def binding(self) -> str:
         return max((self.compute_s, "compute"), (self.cpu_s, "cpu"), (self.link_s, "link"))[1]
-
-
-def link_bytes(layout: Layout, topo: Topology, micro_batches: int, activation_bytes: int,
-               stage_grad_bytes: list[int]) -> dict[tuple[int, str], float]:
-    """Bytes per step on each (node, "up"|"down") inter-node link: activations forward and
-    their gradients back for every micro-batch, and a ring all-reduce (2(n-1)/n of the
-    gradient sent and received by each member) for groups that cross nodes."""
-    load: dict[tuple[int, str], float] = {}
-
-    def add(src: int, dst: int, nbytes: float) -> None:
-        if topo.link_between(src, dst) == INTER:
-            load[(topo.node_of(src), "up")] = load.get((topo.node_of(src), "up"), 0.0) + nbytes
-            load[(topo.node_of(dst), "down")] = load.get((topo.node_of(dst), "down"), 0.0) + nbytes
-
-    for a, b in layout.p2p_pairs():
-        add(a, b, micro_batches * activation_bytes)
-        add(b, a, micro_batches * activation_bytes)
-    for s in range(layout.pp):
-        ranks = layout.dp_group(s)
-        n = len(ranks)
-        for i, r in enumerate(ranks):  # ring order: each member sends to the next
-            if n > 1:
-                add(r, ranks[(i + 1) % n], 2 * (n - 1) / n * stage_grad_bytes[s])
-    return load
 
 
 def plan_link_bytes(plan: JobPlan, micro_batches: int, activation_bytes: int,

@@ -10,12 +10,16 @@ all-reduce pays). `trirace plan` prints it without running a model.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ..comm import sparse as sparse_cost
 from ..comm.policies import Policy, stage_policy
 from ..config import TrainConfig
 from ..models.build import layer_param_numels, tied_head_param
+from . import placement
+from .bounds import plan_link_bytes
 from .layout import Layout
 from .partition import stage_ranges
 from .schedule import Schedule, build_schedule, schedule_for_policy
@@ -52,6 +56,7 @@ class JobPlan:
     stages: tuple[StagePlan, ...]
     tied: bool  # token table and output head are one weight, on different stages
     embedding_comm: str
+    placements: tuple[placement.Candidate, ...] = ()  # what auto placement predicted, chosen first
 
     @property
     def policy(self) -> Policy:
@@ -66,8 +71,10 @@ class JobPlan:
         L, sched = self.layout, self.schedule
         lines = [f"job: {sched.kind} pp={L.pp} dp={L.dp} micro-batches={sched.micro_batches} steps={sched.steps}; "
                  f"policy {self.policy.name}; rank order {L.order}",
-                 self.topology.describe(),
-                 f"partition: {list(self.partition)} layers per stage"]
+                 self.topology.describe()]
+        if self.placements:
+            lines.append(f"placement: {self.why_placed()}")
+        lines.append(f"partition: {list(self.partition)} layers per stage")
         for s in self.stages:
             p = s.policy
             chunk = "one piece" if p.partition_bytes is None else f"{p.partition_bytes / 2**20:g} MiB chunks"
@@ -83,6 +90,16 @@ class JobPlan:
         lines += [f"stage {s} actions (steps 0-1): {' '.join(map(str, _first_steps(sched, s, 2)))}"
                   for s in range(L.pp)]
         return "\n".join(lines)
+
+    def why_placed(self) -> str:
+        """Auto placement's candidates, fastest predicted first, and why the first wins."""
+        if not self.placements:
+            return f"{self.layout.order} (as configured)"
+        won, *rest = self.placements
+        why = "fewer bytes on the busiest NIC" if rest and won.link_s < rest[0].link_s else (
+            "less cross-node P2P on the critical path" if rest and won.p2p_path_s < rest[0].p2p_path_s else
+            "no candidate is predicted faster")
+        return f"{won.order} by prediction ({why}); " + "; ".join(c.describe() for c in self.placements)
 
     def to_dict(self) -> dict:
         L = self.layout
@@ -100,6 +117,7 @@ class JobPlan:
                         "hierarchical": s.hierarchical, "grad_bytes": s.grad_bytes, "params": len(s.numels),
                         "sparse_param": s.sparse_param, "tied_param": s.tied_param} for s in self.stages],
             "actions": [[str(a) for a in acts] for acts in self.schedule.actions],
+            "placements": [vars(c) for c in self.placements],
         }
 
 
@@ -113,9 +131,42 @@ def plan_job(cfg: TrainConfig, topology: Topology, layer_times: Callable[[], lis
     called only when the partition balances measured time; `steps` (default cfg.steps) is
     what is left to run, fewer on a resume."""
     topology.check(cfg.world_size)
-    spec = cfg.spec
     sizes = cfg.stage_sizes(layer_times or _no_times)
-    layout = Layout(cfg.pp, cfg.dp, cfg.placement(topology, sizes))
+    orders = placement.candidates(cfg.pp, cfg.dp, topology) if cfg.rank_order == "auto" else [cfg.rank_order]
+    plans = [_stages(cfg, topology, sizes, Layout(cfg.pp, cfg.dp, o)) for o in orders]
+    base = build_schedule(cfg.schedule, cfg.pp, cfg.micro_batches, steps or cfg.steps)
+    schedule = schedule_for_policy(base, plans[0][0].policy.defer_updates, cfg.spec.tie_embeddings and cfg.pp > 1)
+    jobs = [JobPlan(tuple(sizes), Layout(cfg.pp, cfg.dp, o), topology, schedule, tuple(st),
+                    cfg.spec.tie_embeddings and cfg.pp > 1, cfg.embedding_comm) for o, st in zip(orders, plans)]
+    if len(jobs) == 1:
+        return jobs[0]
+    # Compute is the same under every placement; it says how much link time hides behind it.
+    per_layer = (layer_times() if layer_times is not None else None) or [0.0] * sum(sizes)
+    compute = cfg.micro_batches * max(sum(per_layer[i] for i in layers) for layers in stage_ranges(sizes))
+    rows = sparse_cost.expected_rows(cfg.spec.vocab_size, cfg.tokens_per_replica_step)
+    scored = [placement.score(j.layout.order, j.layout, topology,
+                              plan_link_bytes(j, cfg.micro_batches, cfg.activation_bytes, table_sent(cfg, j, rows)),
+                              compute, cfg.activation_bytes) for j in jobs]
+    ranked = placement.rank(scored)
+    return replace(jobs[orders.index(ranked[0].order)], placements=tuple(ranked))
+
+
+def table_sent(cfg: TrainConfig, plan: JobPlan, rows_touched: float) -> float | None:
+    """Bytes one replica sends to exchange the token table's gradient by its sparse method,
+    `rows_touched` rows touched per replica (None: the table travels in the dense gradient)."""
+    st = plan.stages[0]
+    if st.sparse_param is None:
+        return None
+    spec, link, rows = cfg.spec, plan.topology.link(st.reduction_link), math.ceil(rows_touched)
+    method = cfg.embedding_comm
+    if method == "auto":  # as the runtime decides it from the rows it measures
+        method = sparse_cost.choose(cfg.dp, spec.vocab_size, spec.d_model, rows, alpha_s=link.latency_s,
+                                    bytes_per_s=link.bytes_per_s)
+    return sparse_cost.breakdown(method, cfg.dp, spec.vocab_size, spec.d_model, rows).bytes_per_worker
+
+
+def _stages(cfg: TrainConfig, topology: Topology, sizes: list[int], layout: Layout) -> list[StagePlan]:
+    spec = cfg.spec
     tied = spec.tie_embeddings and cfg.pp > 1
     by_layer = layer_param_numels(spec)
     n_layers = len(by_layer)
@@ -138,9 +189,7 @@ def plan_job(cfg: TrainConfig, topology: Topology, layer_times: Callable[[], lis
         sparse = 0 if is_first and cfg.embedding_comm != "dense" and cfg.dp > 1 else None
         hier = policy.hierarchical and hierarchical_pays(topology, list(ranks), 4 * sum(numels))
         stages.append(StagePlan(s, layers, ranks, link_cls, policy, hier, tuple(numels), sparse, tied_param))
-    base = build_schedule(cfg.schedule, cfg.pp, cfg.micro_batches, steps or cfg.steps)
-    schedule = schedule_for_policy(base, stages[0].policy.defer_updates, tied)
-    return JobPlan(tuple(sizes), layout, topology, schedule, tuple(stages), tied, cfg.embedding_comm)
+    return stages
 
 
 def _no_times() -> list[float]:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..yamlfile import read_mapping
-from .layout import Layout
 
 _BIT_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}  # tc's decimal units
 _BYTE_UNITS = {"B/s": 8.0, "KB/s": 8e3, "MB/s": 8e6, "GB/s": 8e9, "TB/s": 8e12}
@@ -137,21 +136,6 @@ def topology_from_dict(data: dict) -> Topology:
         raise ValueError("nodes and ranks_per_node must be at least 1")
 
     return Topology(nodes, rpn, link_from_dict(data, "intra", DEFAULT_INTRA), link_from_dict(data, "inter", DEFAULT_INTER))
-
-
-def choose_rank_order(topo: Topology, pp: int, dp: int, p2p_bytes: float, allreduce_bytes: float) -> str:
-    """Keep the heavier traffic inside nodes: "dp-inner" puts a stage's replicas on one node,
-    "pp-inner" puts a pipeline's stages on one node. `p2p_bytes` / `allreduce_bytes` are
-    what one rank sends per step of each kind."""
-    if topo.nodes == 1:
-        return "dp-inner"
-    cost = {}
-    for order in ("dp-inner", "pp-inner"):
-        layout = Layout(pp, dp, order)
-        p2p_cross = any(topo.link_between(a, b) == INTER for a, b in layout.p2p_pairs())
-        ar_cross = any(topo.group_link(layout.dp_group(s)) == INTER for s in range(pp)) and dp > 1
-        cost[order] = p2p_cross * p2p_bytes + ar_cross * allreduce_bytes
-    return min(cost, key=lambda o: (cost[o], o != "dp-inner"))
 
 
 def hierarchical_pays(topo: Topology, ranks: list[int], nbytes: float) -> bool:

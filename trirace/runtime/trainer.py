@@ -19,6 +19,7 @@ from ..comm.autotune import Tuner
 from ..comm.policies import MiB
 from ..obs.timeline import Recorder, write_trace
 from ..plan.job import JobPlan, plan_job
+from ..plan.topology import Topology
 from . import checkpoint
 from .comm import Comm
 from .comms import CommLog, Handle
@@ -83,10 +84,10 @@ class Trainer:
         # The control communicator comes first: everything agreed below travels on it.
         self.log = CommLog(cfg.comm_log, dist.get_rank())
         self.control = control_communicator(self.log, timedelta(seconds=cfg.fail_timeout_s))
-        times = self._agree_on_layer_times()
         topology = detect_topology(str(cfg.topology) if cfg.topology else None, cfg.world_size, self.control)
         if cfg.probe:
             topology = probe_links(topology, self.device, control=self.control)
+        times = self._agree_on_layer_times(topology)
         sizes = cfg.stage_sizes(lambda: times)
         self.ident = checkpoint.identity(cfg, sizes)
         found, self.first_step = checkpoint.resume_point(cfg, sizes)
@@ -96,7 +97,7 @@ class Trainer:
         self.sizes = list(self.plan.partition)
         self.groups: Groups = make_groups(self.plan, self.device, self.control)
         if dist.get_rank() == 0 and cfg.progress:
-            print(f"{topology.describe()}{' (probed)' if cfg.probe else ''}; rank order {self.plan.layout.order}; "
+            print(f"{topology.describe()}{' (probed)' if cfg.probe else ''}; rank order {self.plan.why_placed()}; "
                   f"stages {self.sizes}; hierarchical all-reduce "
                   f"{'on' if any(s.hierarchical for s in self.plan.stages) else 'off'} here",
                   file=sys.stderr, flush=True)
@@ -118,9 +119,13 @@ class Trainer:
         if last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0):
             checkpoint.save(cfg.checkpoint_dir, step, self.groups.stage, self.model, self.ident)
 
-    def _agree_on_layer_times(self) -> list[float] | None:
-        """Measured times differ between ranks, so rank 0 measures and everyone uses its figures."""
-        if self.cfg.partition is not None or self.cfg.balance == "params":
+    def _agree_on_layer_times(self, topology: Topology) -> list[float] | None:
+        """Per-layer times where the plan weighs them: to balance the stages, and for auto
+        placement across nodes. Measured times differ between ranks, so rank 0 measures and
+        everyone uses its figures."""
+        balances = self.cfg.partition is None and self.cfg.balance == "time"
+        places = self.cfg.rank_order == "auto" and topology.nodes > 1
+        if not (balances or places):
             return None
         box = [measure_layers(self.cfg, self.sampler) if dist.get_rank() == 0 else None]
         self.control.broadcast_object(box, src=0)

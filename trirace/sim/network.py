@@ -97,19 +97,26 @@ class Network:
             return
         self._dirty = False
         residual = list(self.capacity)
-        unfrozen = {k: f for k, f in self.flows.items()}
-        for f in unfrozen.values():
-            f.rate = math.inf if not f.uses else 0.0
-        unfrozen = {k: f for k, f in unfrozen.items() if f.uses}
-        while unfrozen:
-            weight: dict[int, float] = {}
-            for f in unfrozen.values():
-                for r, w in f.uses:
-                    weight[r] = weight.get(r, 0.0) + w
+        # Per resource: the unfrozen flows crossing it and their summed weight, kept up to
+        # date as flows freeze (one pass over the uses in all, not one per bottleneck).
+        crossing: dict[int, list[Flow]] = {}
+        weight: dict[int, float] = {}
+        for f in self.flows.values():
+            f.rate = math.inf if not f.uses else -1.0  # -1: not frozen yet
+            for r, w in f.uses:
+                crossing.setdefault(r, []).append(f)
+                weight[r] = weight.get(r, 0.0) + w
+        while weight:
             bottleneck = min(weight, key=lambda r: residual[r] / weight[r])
             level = max(residual[bottleneck] / weight[bottleneck], 0.0)
-            for k in [k for k, f in unfrozen.items() if any(r == bottleneck for r, _ in f.uses)]:
-                f = unfrozen.pop(k)
+            for f in crossing.pop(bottleneck):
+                if f.rate >= 0:
+                    continue  # frozen at an earlier bottleneck
                 f.rate = level
                 for r, w in f.uses:
                     residual[r] -= w * level
+                    if r in weight:
+                        weight[r] -= w
+            del weight[bottleneck]
+            for r in [r for r, w in weight.items() if w <= _EPS]:  # every flow on it is frozen
+                del weight[r], crossing[r]

@@ -22,9 +22,9 @@ from ..config import TrainConfig
 from ..errors import UsageError
 from ..models.build import layer_param_numels
 from ..obs.timeline import write_trace
-from ..plan import Layout, stage_ranges
-from ..plan.job import plan_job
-from ..plan.bounds import Bound, link_bytes, lower_bound
+from ..plan import stage_ranges
+from ..plan.bounds import Bound, lower_bound, plan_link_bytes, steady_steps
+from ..plan.job import JobPlan, plan_job, table_sent
 from ..plan.topology import Topology
 from ..plan.transfers import Chunk, Kind
 from .calibration import Calibration
@@ -33,7 +33,6 @@ from .compute import ComputeModel, stage_memory
 from .executor import Phase, Simulation, StageWork
 from .fabric import Fabric
 
-WARMUP_STEPS = 2  # as trirace bench: the first steps fill the pipeline and are dropped
 
 
 @dataclass
@@ -70,16 +69,6 @@ def ring(cls: tuple, n: int, nbytes: float, alpha: float) -> list[Phase]:
     return [half, half]
 
 
-def expected_rows(vocab: int, tokens: int, zipf_s: float = 1.0) -> float:
-    """Distinct ids among `tokens` draws from a Zipf(s) vocabulary, the shape of real text
-    (used when no calibration measured the training data)."""
-    import numpy as np
-
-    p = 1.0 / np.arange(1, vocab + 1) ** zipf_s
-    p /= p.sum()
-    return float(np.sum(-np.expm1(tokens * np.log1p(-p))))
-
-
 def apply_calibration(cluster: Cluster, topo: Topology, cal: Calibration | None) -> Topology:
     """Measured links replace nominal ones (only for the cluster the calibration was taken on)."""
     if cal is None:
@@ -110,7 +99,7 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     if calibration is not None and calibration.rows_touched.get(str(tokens)):
         rows = calibration.rows_touched[str(tokens)]
     else:
-        rows = expected_rows(spec.vocab_size, tokens)
+        rows = sparse_cost.expected_rows(spec.vocab_size, tokens)
     stages, methods = [], []
     for st in plan.stages:
         link = topo.link(st.reduction_link)
@@ -132,7 +121,6 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
                                             spec.d_model),
                                 lambda c, h=st.hierarchical: c.kind is Kind.SPARSE or h, st.sparse_param))
     hier = [st.hierarchical for st in plan.stages]
-    grad_bytes = [st.grad_bytes for st in plan.stages]
     sched = plan.schedule
     sim = Simulation(sched, fabric, stages, cfg.activation_bytes, cluster.collective_streams,
                      record=trace_out is not None)
@@ -140,11 +128,11 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
 
     ends = [sim.stats[(cfg.pp - 1, t)].end for t in range(cfg.steps)]
     steps = [b - a for a, b in zip([0.0, *ends[:-1]], ends)]
-    kept = list(range(min(WARMUP_STEPS, cfg.steps - 1), cfg.steps))
+    kept = steady_steps(cfg.steps)  # as trirace bench measures
     it = statistics.median(steps[t] for t in kept)
     exposed = {k: statistics.fmean(sim.stats[(s, t)].exposed[k] for s in range(cfg.pp) for t in kept)
                for k in ("p2p", "allreduce", "sparse")}
-    bound = _bound(cfg, layout, topo, cluster, stages, _reduced_bytes(cfg, grad_bytes, methods, rows))
+    bound = _bound(cfg, plan, cluster, stages, table_sent(cfg, plan, rows))
     versions = sched.staleness + 1
     mem = [stage_memory(spec, layers, cfg.micro_batch_size, cfg.tokens_seq, r.peak_in_flight, versions,
                         cfg.optimizer)["total"] / 1e9 for layers, r in zip(stage_ranges(sizes), sim.ranks)]
@@ -177,25 +165,13 @@ def _collective(stage: int, fabric: Fabric, topo: Topology, hierarchical: bool, 
     return phases
 
 
-def _reduced_bytes(cfg: TrainConfig, grad_bytes: list[int], methods: list[str], rows: float) -> list[float]:
-    """Per stage, the gradient bytes a ring all-reduce would carry to move what the stage
-    really exchanges: the token table counts at its sparse method's bytes, not densely."""
-    out = [float(b) for b in grad_bytes]
-    if methods and cfg.dp > 1:
-        spec, n = cfg.spec, cfg.dp
-        table = 4 * spec.vocab_size * spec.d_model
-        sent = sparse_cost.breakdown(methods[0], n, spec.vocab_size, spec.d_model, math.ceil(rows)).bytes_per_worker
-        out[0] += sent * n / (2 * (n - 1)) - table
-    return out
-
-
-def _bound(cfg: TrainConfig, layout: Layout, topo: Topology, cluster: Cluster, stages: list[StageWork],
-           reduced_bytes: list[float]) -> Bound:
-    m = cfg.micro_batches
+def _bound(cfg: TrainConfig, plan: JobPlan, cluster: Cluster, stages: list[StageWork],
+           table_sent: float | None) -> Bound:
+    m, layout = cfg.micro_batches, plan.layout
     per_stage = [m * (w.forward_s + sum(w.backward_s)) + w.optimizer_s for w in stages]
     per_rank = [per_stage[layout.coords(r)[0]] for r in range(layout.world_size)]
-    load = link_bytes(layout, topo, m, cfg.activation_bytes, reduced_bytes)
-    return lower_bound(per_rank, cluster.shared_cores or layout.world_size, load, topo)
+    load = plan_link_bytes(plan, m, cfg.activation_bytes, table_sent)
+    return lower_bound(per_rank, cluster.shared_cores or layout.world_size, load, plan.topology)
 
 
 def _trace(sim: Simulation, out: Path, cfg: TrainConfig) -> None:
