@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "side by side on an emulated cluster")
     _add_config_flags(bench, TrainConfig)
     _add_cluster_flags(bench)
-    bench.add_argument("--rounds", type=int, default=2, help="interleaved rounds per system (default: 2)")
+    bench.add_argument("--rounds", type=int, default=3, help="interleaved rounds per system; the table shows each "
+                       "round's median as the spread (default: 3)")
     bench.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated (default: {','.join(SYSTEMS)})")
     bench.add_argument("--out", default="bench-out", metavar="DIR", help="bench.json, bench.md, bench.png (default: bench-out)")
     bench.add_argument("--json", metavar="FILE", help="also write the JSON here")

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--link", default="250mbit")
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--ranks-per-node", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--out", default="docs/bench/sim-accuracy")
     args = ap.parse_args(argv)
