@@ -128,27 +128,35 @@ def _first_steps(sched: Schedule, stage: int, steps: int) -> list:
 def plan_job(cfg: TrainConfig, topology: Topology, layer_times: Callable[[], list[float]] | None = None,
              steps: int | None = None) -> JobPlan:
     """The plan every rank of `cfg`'s job executes. `layer_times` (per-layer seconds) is
-    called only when the partition balances measured time; `steps` (default cfg.steps) is
-    what is left to run, fewer on a resume."""
+    called when the partition balances measured time and when auto placement weighs
+    candidates across nodes; `steps` (default cfg.steps) is what is left to run, fewer on
+    a resume."""
     topology.check(cfg.world_size)
     sizes = cfg.stage_sizes(layer_times or _no_times)
+    tied = cfg.spec.tie_embeddings and cfg.pp > 1
     orders = placement.candidates(cfg.pp, cfg.dp, topology) if cfg.rank_order == "auto" else [cfg.rank_order]
-    plans = [_stages(cfg, topology, sizes, Layout(cfg.pp, cfg.dp, o)) for o in orders]
+    stages = {o: tuple(_stages(cfg, topology, sizes, Layout(cfg.pp, cfg.dp, o))) for o in orders}
     base = build_schedule(cfg.schedule, cfg.pp, cfg.micro_batches, steps or cfg.steps)
-    schedule = schedule_for_policy(base, plans[0][0].policy.defer_updates, cfg.spec.tie_embeddings and cfg.pp > 1)
-    jobs = [JobPlan(tuple(sizes), Layout(cfg.pp, cfg.dp, o), topology, schedule, tuple(st),
-                    cfg.spec.tie_embeddings and cfg.pp > 1, cfg.embedding_comm) for o, st in zip(orders, plans)]
-    if len(jobs) == 1:
-        return jobs[0]
+    schedule = schedule_for_policy(base, stages[orders[0]][0].policy.defer_updates, tied)
+    plans = [JobPlan(tuple(sizes), Layout(cfg.pp, cfg.dp, o), topology, schedule, stages[o], tied,
+                     cfg.embedding_comm) for o in orders]
+    if len(plans) == 1:
+        return plans[0]
+    ranked = _predict(cfg, plans, sizes, layer_times)
+    return replace(plans[orders.index(ranked[0].order)], placements=tuple(ranked))
+
+
+def _predict(cfg: TrainConfig, plans: list[JobPlan], sizes: list[int],
+             layer_times: Callable[[], list[float]] | None) -> list[placement.Candidate]:
+    """Every candidate plan's predicted step, fastest first (plan/placement.py)."""
     # Compute is the same under every placement; it says how much link time hides behind it.
     per_layer = (layer_times() if layer_times is not None else None) or [0.0] * sum(sizes)
     compute = cfg.micro_batches * max(sum(per_layer[i] for i in layers) for layers in stage_ranges(sizes))
     rows = sparse_cost.expected_rows(cfg.spec.vocab_size, cfg.tokens_per_replica_step)
-    scored = [placement.score(j.layout.order, j.layout, topology,
-                              plan_link_bytes(j, cfg.micro_batches, cfg.activation_bytes, table_sent(cfg, j, rows)),
-                              compute, cfg.activation_bytes) for j in jobs]
-    ranked = placement.rank(scored)
-    return replace(jobs[orders.index(ranked[0].order)], placements=tuple(ranked))
+    return placement.rank([
+        placement.score(p.layout.order, p.layout, p.topology,
+                        plan_link_bytes(p, cfg.micro_batches, cfg.activation_bytes, table_sent(cfg, p, rows)),
+                        compute, cfg.activation_bytes) for p in plans])
 
 
 def table_sent(cfg: TrainConfig, plan: JobPlan, rows_touched: float) -> float | None:
