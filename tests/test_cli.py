@@ -112,6 +112,11 @@ def test_binary_input_file_is_one_line(capsys, tmp_path, what):
     assert str(f) in _one_line_error(capsys, argv)
 
 
+def test_a_sweep_that_cannot_run_fails_before_its_progress_bar(capsys):
+    """Found by the fuzzer: the error came after the sweep's progress bar, three lines in all."""
+    assert "1 x 1 = 1 devices but pp x dp = 4" in _one_line_error(capsys, ["simulate", "--sweep", "--nodes", "1"])
+
+
 def test_calibration_of_the_wrong_types_is_one_line(capsys, tmp_path):
     f = tmp_path / "cal.json"
     f.write_text(json.dumps({"version": 1, "model": "gpt-test", "micro_batch_size": 2, "seq_len": 16, "threads": 1,

@@ -12,7 +12,7 @@ from ..config import TrainConfig, make_config
 from ..errors import ConfigError, UsageError
 from .calibration import Calibration
 from .cluster import Cluster
-from .run import apply_calibration, simulate
+from .run import apply_calibration, check, simulate
 
 
 def _job(cfg: TrainConfig, cluster: Cluster, cal: Calibration | None) -> dict:
@@ -84,6 +84,9 @@ def sweep(cfg: TrainConfig, cluster: Cluster, policies: tuple[str, ...], cal: Ca
     if not jobs:
         raise UsageError(f"no pp x dp layout of {cfg.world_size} devices keeps a global batch of "
                          f"{cfg.dp * cfg.micro_batches} micro-batches")
+    for job in jobs:
+        for p in policies:
+            check(job, cluster, p, cal)
     rows = []
     limit = cluster.device.memory_bytes / 1e9
     for job in tqdm(jobs, desc="sweep", unit="layout", leave=False):

@@ -79,16 +79,24 @@ def apply_calibration(cluster: Cluster, topo: Topology, cal: Calibration | None)
     return Topology(topo.nodes, topo.ranks_per_node, intra or topo.intra, inter or topo.inter)
 
 
+def check(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calibration | None = None) -> Topology:
+    """What would stop `simulate` on this job, found before anything runs (a sweep checks
+    every job first, so a bad one ends in one line, not after a progress bar)."""
+    if cfg.spec.tie_embeddings and cfg.pp > 1:
+        raise UsageError("simulate does not model tied embeddings across stages yet")
+    if policy not in POLICIES:
+        raise UsageError(f"unknown communication policy {policy!r}; choose from {', '.join(POLICIES)}")
+    if calibration is not None:
+        calibration.check(cfg.spec, cfg.micro_batch_size, cfg.tokens_seq)
+    return apply_calibration(cluster, cluster.topology(cfg.world_size), calibration)
+
+
 def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calibration | None = None,
              trace_out: Path | None = None) -> SimResult:
     wall0 = time.perf_counter()
     spec = cfg.spec
-    if spec.tie_embeddings and cfg.pp > 1:
-        raise UsageError("simulate does not model tied embeddings across stages yet")
-    if policy not in POLICIES:
-        raise UsageError(f"unknown communication policy {policy!r}; choose from {', '.join(POLICIES)}")
+    topo = check(cfg, cluster, policy, calibration)
     cfg = cfg.model_copy(update={"comm_policy": policy})
-    topo = apply_calibration(cluster, cluster.topology(cfg.world_size), calibration)
     compute = ComputeModel.build(spec, cfg.micro_batch_size, cfg.tokens_seq, cluster.device, cfg.optimizer,
                                  calibration)
     plan = plan_job(cfg, topo, lambda: [f + b for f, b in zip(compute.forward_s, compute.backward_s)])
