@@ -94,7 +94,8 @@ class JobPlan:
     def why_placed(self) -> str:
         """Auto placement's candidates, fastest predicted first, and why the first wins."""
         if not self.placements:
-            return f"{self.layout.order} (as configured)"
+            why = "one node: every order is the same" if self.topology.nodes == 1 else "as configured"
+            return f"{self.layout.order} ({why})"
         won, *rest = self.placements
         why = "fewer bytes on the busiest NIC" if rest and won.link_s < rest[0].link_s else (
             "less cross-node P2P on the critical path" if rest and won.p2p_path_s < rest[0].p2p_path_s else
