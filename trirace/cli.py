@@ -296,11 +296,9 @@ def _profile(args: argparse.Namespace) -> int:
     cfg = _config(args)
     preflight.output_file(args.out, "--out")
     if args.link is not None:
-        from .testbed import Testbed
-        from .testbed.shell import require_tools
+        from .testbed import check
 
-        Testbed("trirace", 2, 1, args.link, args.mtu)  # validates the rate and MTU
-        require_tools()
+        check(2, 1, args.link, args.mtu)
     if args.dry_run:
         from .runtime.launch import prepare
 

@@ -83,14 +83,12 @@ def check(base: TrainConfig, cluster: Cluster) -> None:
                          f"{WARMUP_STEPS} and the last {DRAIN_STEPS} are not steady)")
     if cluster.link is None:
         return
-    from ..testbed import Testbed
-    from ..testbed.shell import require_tools
+    from .. import testbed
 
-    Testbed("trirace", cluster.nodes, cluster.ranks_per_node, cluster.link, cluster.mtu)  # validates its fields
+    testbed.check(cluster.nodes, cluster.ranks_per_node, cluster.link, cluster.mtu)
     if base.world_size != cluster.nodes * cluster.ranks_per_node:
         raise UsageError(f"pp x dp = {base.world_size} but the cluster has {cluster.nodes} x "
                          f"{cluster.ranks_per_node} ranks")
-    require_tools()
 
 
 def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS, rounds: int = 3) -> dict:

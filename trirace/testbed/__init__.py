@@ -6,8 +6,8 @@
     down()                                               # -> namespaces removed
 """
 
-from .cluster import current, down, held, up
+from .cluster import check, current, down, held, up
 from .rate import parse_rate
 from .topology import Testbed
 
-__all__ = ["Testbed", "current", "down", "held", "parse_rate", "up"]
+__all__ = ["Testbed", "check", "current", "down", "held", "parse_rate", "up"]

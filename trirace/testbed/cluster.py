@@ -40,6 +40,12 @@ def state_path(prefix: str) -> Path:
     return STATE_DIR / f"{check_prefix(prefix)}.json"
 
 
+def check(nodes: int, ranks_per_node: int, rate: str, mtu: int = 9000) -> None:
+    """Would `up` with these settings start on this machine? (One-line UsageError if not.)"""
+    Testbed("trirace", nodes, ranks_per_node, rate, mtu)  # validates sizes, rate and MTU
+    require_tools()
+
+
 def up(nodes: int, ranks_per_node: int, rate: str, mtu: int = 9000, prefix: str = "trirace") -> Testbed:
     """Create the testbed (replacing any with the same prefix), prove it carries traffic, record it."""
     testbed = Testbed(prefix=prefix, nodes=nodes, ranks_per_node=ranks_per_node, rate=rate, mtu=mtu)
