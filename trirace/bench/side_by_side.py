@@ -3,8 +3,10 @@ one run: the four trirace policies and torch.distributed.pipelining's Schedule1F
 
 Systems run in interleaved rounds (A B C D E A B C D E) so that drift of a shared machine
 hits them alike; each run's first steps (warm-up) and last steps (drain) are dropped;
-reported figures are medians of the steady steps between (plan/bounds.py: steady_steps). The lower bound is the batch's physical limit (plan/bounds.py),
-the same for every system, so overlap efficiency compares them on one scale.
+reported figures are medians of the steady steps between (plan/bounds.py: steady_steps).
+The lower bound is the batch's physical limit (plan/bounds.py): the links' load is the
+same for every system, the compute CPU is what each system measured itself (the peer,
+which measures none, gets blocking's).
 """
 
 from __future__ import annotations
@@ -114,7 +116,8 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
     per_round: dict[str, list[float]] = {s: [] for s in systems}
     losses: dict[str, list[float]] = {}
     for name, res in zip(names, runs):
-        steady = res[steady_steps(len(res)).start:steady_steps(len(res)).stop]
+        kept = steady_steps(len(res))
+        steady = res[kept.start:kept.stop]
         rows[name] += steady
         per_round[name].append(statistics.median(r["step_time_s"] for r in steady))
         losses.setdefault(name, [r["loss"] for r in res])
@@ -123,8 +126,9 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
         raise UsageError("bench needs at least one trirace policy among the systems (for the lower bound)")
     # Each system's bound from the compute CPU it measured itself (overlap changes what the
     # shared cores spend on compute); the peer, which measures none, gets the reference's.
-    reference = _bound(base, nominal, rows[measured[0]])
-    bounds = {s: _bound(base, nominal, rows[s]) if s in measured else reference for s in systems}
+    load = _link_load(base, nominal, rows[measured[0]])
+    reference = _bound(base, nominal, rows[measured[0]], load)
+    bounds = {s: _bound(base, nominal, rows[s], load) if s in measured else reference for s in systems}
     step = {s: statistics.median(r["step_time_s"] for r in rows[s]) for s in systems}
     ref = step.get("blocking", next(iter(step.values())))
     results = []
@@ -146,14 +150,17 @@ def _nominal_topology(cluster: Cluster, world: int) -> Topology:
     return Topology(cluster.nodes, cluster.ranks_per_node, DEFAULT_INTRA, Link(parse_rate(cluster.link), 1e-4))
 
 
-def _bound(cfg: TrainConfig, topo: Topology, rows: list[dict]) -> Bound:
-    """From the first trirace system's per-rank compute CPU time and the bytes every link
-    carries under the job's plan, the token table at the bytes the run measured sending."""
-    world = cfg.world_size
-    per_rank = [statistics.median(r["rank_compute_cpu_s"][i] for r in rows) for i in range(world)]
+def _link_load(cfg: TrainConfig, topo: Topology, rows: list[dict]) -> dict[tuple[int, str], float]:
+    """The bytes every link carries under the job's plan (the same for every system), the
+    token table at the bytes the run measured sending."""
     plan = plan_job(cfg, topo)
     sent = statistics.median(r["embedding_bytes"] for r in rows) if plan.stages[0].sparse_param is not None else None
-    load = plan_link_bytes(plan, cfg.micro_batches, cfg.activation_bytes, sent)
+    return plan_link_bytes(plan, cfg.micro_batches, cfg.activation_bytes, sent)
+
+
+def _bound(cfg: TrainConfig, topo: Topology, rows: list[dict], load: dict[tuple[int, str], float]) -> Bound:
+    """From one system's own per-rank compute CPU time and the links' load."""
+    per_rank = [statistics.median(r["rank_compute_cpu_s"][i] for r in rows) for i in range(cfg.world_size)]
     return lower_bound(per_rank, os.cpu_count() or 1, load, topo)
 
 
