@@ -97,8 +97,10 @@ def test_every_schedule_and_policy_is_clean_under_nccl_rules(request, tmp_path, 
             assert any(c.startswith("dp/") for c in comms), name
         if cfg.tie_embeddings and cfg.pp > 1:
             assert any(c.startswith("tie/") for c in comms), name
-        if layout == "2x2":  # same math: exactly the losses pre-change main recorded
-            assert [r["loss"] for r in rows] == RECORDED["losses"][name], name
+        if layout == "2x2":  # same math as pre-change main recorded. Not bitwise: that was another
+            # CPU, and torch's kernels round differently per instruction set (AVX2, AVX-512);
+            # bitwise equality holds across policies on one machine, below.
+            assert [r["loss"] for r in rows] == pytest.approx(RECORDED["losses"][name], rel=1e-6), name
         # Scheduling never changes the math: every policy of one configuration, bitwise for
         # dp <= 2. With more replicas, gloo's ring sums each element in an order set by its
         # position in the reduced buffer, so chunk sizes and trirace's hierarchical

@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rounds", type=int, default=3, help="interleaved rounds per system; the table shows each "
                        "round's median as the spread (default: 3)")
     bench.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated (default: {','.join(SYSTEMS)})")
+    bench.add_argument("--matrix", action="store_true", help="every system in every cell of 4x1 and 2x2 nodes x "
+                       "ranks at 500, 250, 100 and 50 Mbit (the cluster flags are not used); writes matrix.json, "
+                       "matrix.md and matrix.png to --out")
     bench.add_argument("--out", default="bench-out", metavar="DIR", help="bench.json, bench.md, bench.png (default: bench-out)")
     bench.add_argument("--json", metavar="FILE", help="also write the JSON here")
     _add_dry_run(bench)
@@ -221,8 +224,10 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError("--rounds must be at least 1")
     cluster = bench.Cluster(args.nodes, args.ranks_per_node, None if args.link == "none" else args.link, args.mtu)
     cfg = _config(args, steps=8)
-    bench.check(cfg, cluster)
     out = Path(args.out)
+    if args.matrix:
+        return _bench_matrix(args, cfg, systems, out)
+    bench.check(cfg, cluster)
     preflight.output_dir(out, "--out")
     if args.json:
         preflight.output_file(args.json, "--json")
@@ -249,6 +254,35 @@ def _bench(args: argparse.Namespace) -> int:
     bench.chart(payload, out / "bench.png")
     print(table)
     print(f"wrote {out}/bench.json, bench.md, bench.png", file=sys.stderr)
+    return 0
+
+
+def _bench_matrix(args: argparse.Namespace, cfg, systems: tuple[str, ...], out: Path) -> int:
+    from .bench import matrix
+    from .runtime.launch import prepare
+
+    if "trirace" not in systems:
+        raise UsageError("--matrix compares trirace with the others: keep trirace in --systems")
+    if len(systems) < 2:
+        raise UsageError("--matrix needs trirace and at least one other system")
+    matrix.check(cfg)
+    preflight.output_dir(out, "--out")
+    if args.json:
+        preflight.output_file(args.json, "--json")
+    if args.dry_run:
+        prepare(cfg)
+        print(f"dry run: would bench {', '.join(systems)} in {len(matrix.cells())} cells "
+              f"({', '.join(map(matrix.cell_name, matrix.cells()))}), {args.rounds} round(s) each")
+        return 0
+    rows = matrix.run(cfg, systems, args.rounds, out)
+    if args.json:
+        Path(args.json).write_text((out / "matrix.json").read_text())
+    table = matrix.markdown(rows)
+    command = f"trirace bench --matrix --rounds {args.rounds} --systems {','.join(systems)} --out {out}"
+    (out / "matrix.md").write_text(f"`{command}`\n\n{table}\n")
+    matrix.heatmap(rows, out / "matrix.png")
+    print(table)
+    print(f"wrote {out}/matrix.json, matrix.md, matrix.png", file=sys.stderr)
     return 0
 
 

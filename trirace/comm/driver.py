@@ -5,11 +5,13 @@ The runtime (runtime/comm.py, threads and process groups) and the simulator
 action list, so what the stage decides cannot drift between them:
 
 - receives: which are posted ahead of need (`recvs_to_post` / `received`);
-- P2P on a link: `p2p_started` / `p2p_finished`, what the policy yields to;
+- P2P on a link: `p2p_sent` / `p2p_send_done` and `p2p_arrived`, what the policy yields
+  to and what the forecast (forecast.py) learns the step's timing from;
 - gradient reduction of a step: `backward_begins` (the step's last backward enqueues its
   chunks in the agreed order), `params_ready` (backward finished parameters; a chunk whose
   parameters are all final becomes ready), `backward_ends`, `deadline` (AR: hold nothing
-  back any more), `launches` (what goes now), `chunk_done`, and `reduced` / `close_step`.
+  back any more), `launches` (what goes now), `wake_at` (when a chunk held back for a
+  forecast P2P transfer is reconsidered), `chunk_done`, and `reduced` / `close_step`.
 
 Pure and not thread-safe: the runtime calls it under its lock, the simulator from its loop.
 """
@@ -20,6 +22,7 @@ from collections import deque
 
 from ..plan import Action, Op
 from ..plan.transfers import Chunk, Kind, plan_reduction
+from .forecast import P2PForecast
 from .policies import Policy
 from .scheduler import CommScheduler
 
@@ -28,9 +31,17 @@ RECV_AHEAD = 2  # receives kept posted before their data can arrive (receive bef
 
 class StageDriver:
     def __init__(self, policy: Policy, numels: list[int], chunk_link: str, actions: tuple[Action, ...],
-                 reduces: bool, sparse_param: int | None = None, tuner=None):
+                 reduces: bool, sparse_param: int | None = None, tuner=None, micro_batches: int = 1,
+                 p2p_links: dict[Op, str] | None = None, link_bytes_per_s: dict[str, float] | None = None,
+                 group_size: int = 2):
+        """`p2p_links`: the link class each P2P op of this stage crosses; `link_bytes_per_s`:
+        each link class's rate as every rank agrees on it (the probe's broadcast figures)."""
         self.policy, self.numels, self.sparse_param, self.tuner = policy, numels, sparse_param, tuner
-        self.scheduler = CommScheduler(policy, chunk_link)
+        self.rates = link_bytes_per_s or {}
+        self.forecast = P2PForecast(actions, micro_batches, p2p_links or {})
+        ring = 2 * (group_size - 1) / group_size if group_size > 1 else 1.0  # bytes on the wire per chunk byte
+        self.scheduler = CommScheduler(policy, chunk_link, self.forecast,
+                                       self.rates.get(chunk_link, float("inf")) / ring)
         # Chunks go asynchronously only where there are replicas and the policy overlaps.
         self.reduces = reduces and not policy.blocking
         self.unposted = deque(a for a in actions if a.op in (Op.RF, Op.RB))
@@ -60,13 +71,27 @@ class StageDriver:
     def received(self, a: Action) -> None:
         self.posted.discard(a)
 
-    def p2p_started(self, link: str) -> None:
+    def _seconds(self, link: str, nbytes: float) -> float:
+        rate = self.rates.get(link)
+        return nbytes / rate if rate else 0.0
+
+    def p2p_sent(self, a: Action, link: str, nbytes: float, t: float) -> None:
+        """Send `a` was issued at `t`: its bytes cross `link` from now on."""
+        self.forecast.observed(a, t, t + self._seconds(link, nbytes))
         if not self.policy.blocking:
             self.scheduler.p2p_started(link)
 
-    def p2p_finished(self, link: str) -> None:
+    def p2p_send_done(self, link: str) -> None:
         if not self.policy.blocking:
             self.scheduler.p2p_finished(link)
+
+    def p2p_arrived(self, a: Action, link: str, nbytes: float, t: float, waited: bool) -> None:
+        """Receive `a` was seen complete at `t`; `waited`: the engine was blocked on it, so
+        `t` is when its last bytes crossed (otherwise nobody saw when they did)."""
+        if waited:
+            self.forecast.observed(a, t - self._seconds(link, nbytes), t)
+        else:
+            self.forecast.passed(a)
 
     # ------------------------------------------------------------ gradient reduction
 
@@ -109,11 +134,17 @@ class StageDriver:
             if self.pending[step].pop(c.seq, None) is not None:
                 self.scheduler.ready(c)
 
-    def deadline(self, step: int) -> None:
+    def deadline(self, step: int, t: float | None = None) -> None:
+        if t is not None:
+            self.forecast.deadline_reached(step, t)
         self.scheduler.deadline(step)
 
-    def launches(self) -> list[Chunk]:
-        return self.scheduler.launches() if self.reduces else []
+    def launches(self, t: float | None = None) -> list[Chunk]:
+        return self.scheduler.launches(t) if self.reduces else []
+
+    def wake_at(self) -> float | None:
+        """When chunks held back for a forecast P2P transfer should be reconsidered."""
+        return self.scheduler.wake if self.reduces else None
 
     def chunk_done(self, c: Chunk) -> None:
         self.scheduler.finished(c)

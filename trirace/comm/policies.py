@@ -9,10 +9,12 @@ group, so the real runtime and the simulator run the very same objects.
   backward finishes them, DDP-style), no priorities, no bound on bytes in flight.
 - priority: ByteScheduler for data parallelism: chunks in forward-layer order, a credit
   window on bytes in flight; P2P is launched as it comes, with no special treatment.
-- trirace: dependency-aware. P2P is on the critical path: while a P2P transfer is in
-  flight no new all-reduce chunk starts, unless that chunk's deadline has come; chunks
-  go in deadline order (ties: the order backward readies them), small enough for a P2P
-  to overtake quickly, and 2BW's one-step delay lets them wait for quiet links.
+- trirace: schedule-aware and link-aware (design in comm/scheduler.py). P2P is on the
+  critical path, so chunks fill the gaps between P2P transfers on their link: a chunk
+  starts only if it and the chunks in flight are predicted to finish before the next P2P
+  transfer crosses that link (comm/forecast.py), unless its step has no slack left before
+  its deadline. Chunks go in deadline order (ties: the order backward readies them), sized
+  from the link so that gaps fit them; 2BW's one-step delay is the slack they wait in.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import UsageError
-from ..plan.transfers import Chunk
+from ..plan.transfers import Chunk, Kind
 
 MiB = 1 << 20
 
@@ -29,8 +31,9 @@ MiB = 1 << 20
 class InFlight:
     """What a rank has on its links right now."""
 
-    p2p: int = 0  # P2P transfers launched and not yet complete
+    p2p: int = 0  # P2P sends whose completion this rank has not seen yet
     chunk_bytes: int = 0  # all-reduce bytes launched and not yet complete
+    gap_bytes: float = float("inf")  # chunk bytes the link carries before the next P2P forecast on it
 
 
 @dataclass(frozen=True)
@@ -40,14 +43,18 @@ class Policy:
     credit_bytes: int | None  # bound on all-reduce bytes in flight; None = unbounded
     chunk_order: str  # "ready" (backward order) or "front" (forward order)
     blocking: bool = False  # P2P and reduction block the engine where the schedule puts them
-    yields_to_p2p: bool = False  # hold chunks back while P2P is in flight
+    yields_to_p2p: bool = False  # hold chunks back while a P2P send is in flight
+    fills_gaps: bool = False  # start a chunk only if it ends before the next P2P forecast on its link
     defer_updates: bool = True  # run each OPT at its deadline, not right after the backward
     hierarchical: bool = False  # reduce groups that span nodes hierarchically where that pays
 
     def admit(self, chunk: Chunk, now: InFlight, urgent: bool) -> bool:
         """May `chunk`, the next in the agreed order and ready, launch now?"""
-        if self.yields_to_p2p and now.p2p and not urgent:
-            return False
+        if self.yields_to_p2p and not urgent:
+            if now.p2p:
+                return False
+            if self.fills_gaps and chunk.kind is Kind.ALLREDUCE and now.chunk_bytes + chunk.nbytes > now.gap_bytes:
+                return False  # (the token table's rows are a fraction of its nbytes: not held)
         if self.credit_bytes is None or now.chunk_bytes == 0:
             return True  # a chunk larger than the credit still goes, alone
         return now.chunk_bytes + chunk.nbytes <= self.credit_bytes
@@ -70,7 +77,8 @@ def make_policy(name: str, partition_mb: float | None = None, credit_mb: float |
     if name == "priority":
         return Policy(name, mib(partition_mb, 4), mib(credit_mb, 16), "front")
     if name == "trirace":
-        return Policy(name, mib(partition_mb, 2), mib(credit_mb, 4), "ready", yields_to_p2p=True, hierarchical=True)
+        return Policy(name, mib(partition_mb, 2), mib(credit_mb, 4), "ready", yields_to_p2p=True, fills_gaps=True,
+                      hierarchical=True)
     raise UsageError(f"unknown communication policy {name!r}; choose from {', '.join(POLICIES)}")
 
 

@@ -1,10 +1,28 @@
 """The queue of collective chunks of one rank, driven by events and decided by a policy.
 
-Collectives must leave in the same order on every member of a group (design.md 3b), so
-the order is fixed when a step's chunks are enqueued, from shapes and settings every
-replica shares. Events (a chunk became ready, a transfer started or finished, a deadline
-arrived) only decide *when* the head of that order launches. Not thread-safe by itself:
-the runtime's executor calls it under its lock; the simulator calls it from its event loop.
+Rules, each with its reason:
+1. Order is agreed, timing is local. Collectives must leave in the same order on every
+   member of a group (design.md 3b), so the order is fixed when a step's chunks are
+   enqueued, from shapes and settings every replica shares; the head of that order is
+   never skipped. Events (a chunk became ready, a transfer started or finished, a
+   deadline arrived, a forecast gap opened) only decide *when* the head launches. A
+   replica that waits longer only delays the collective; it cannot reorder it.
+2. A link is busy only while P2P bytes cross it. A send counts from its issue until the
+   sender sees it complete and, through the forecast, for the time its bytes need on the
+   link. A receive that waits for its upstream's compute does not count: the link is idle
+   exactly then, and that is when chunks should run.
+3. Gap filling (policies with `fills_gaps`). The forecast (comm/forecast.py) says when the
+   next P2P transfer will cross the chunks' link. A chunk starts only if it and the chunk
+   bytes already in flight can cross before then, at the link's agreed rate; otherwise it
+   waits for the end of that transfer and is reconsidered (`wake_at`). P2P then meets an
+   empty link instead of sharing it with bulk bytes.
+4. Deadlines win. Under 2BW a step's reduction is due at its AR, one step after it became
+   ready. A step is urgent once the engine waits at its AR, or once its remaining chunk
+   bytes plus the P2P time forecast before its deadline no longer fit in the time left:
+   then nothing of it is held back, since a missed deadline stalls the whole stage.
+
+Not thread-safe by itself: the runtime's executor calls it under its lock; the simulator
+calls it from its event loop. Times are arguments, so both pass their own clock.
 """
 
 from __future__ import annotations
@@ -12,18 +30,23 @@ from __future__ import annotations
 from collections import deque
 
 from ..plan.transfers import Chunk
+from .forecast import P2PForecast
 from .policies import InFlight, Policy
 
 
 class CommScheduler:
-    def __init__(self, policy: Policy, chunk_link: str = "intra"):
+    def __init__(self, policy: Policy, chunk_link: str = "intra", forecast: P2PForecast | None = None,
+                 chunk_bytes_per_s: float = float("inf")):
         self.policy = policy
         self.chunk_link = chunk_link  # the link class this rank's gradient chunks cross
+        self.forecast = forecast
+        self.rate = chunk_bytes_per_s  # chunk bytes per second the link carries (ring traffic included)
         self.order: deque[Chunk] = deque()  # agreed launch order, not yet launched
         self.is_ready: set[Chunk] = set()
         self.in_flight: set[Chunk] = set()
-        self.p2p: dict[str, int] = {}  # link class -> P2P transfers in flight on it
+        self.p2p: dict[str, int] = {}  # link class -> P2P sends in flight on it
         self.urgent_through = -1  # steps whose deadline has arrived
+        self.wake: float | None = None  # when a chunk held back by the forecast is reconsidered
 
     def enqueue(self, chunks: list[Chunk]) -> None:
         self.order.extend(sorted(chunks, key=lambda c: (c.step, c.seq)))
@@ -44,19 +67,41 @@ class CommScheduler:
         """The engine now waits for step `step`'s reduction: nothing of it may be held back."""
         self.urgent_through = max(self.urgent_through, step)
 
-    def now(self) -> InFlight:
-        """In flight on the link this rank's chunks use: P2P elsewhere does not compete."""
-        return InFlight(self.p2p.get(self.chunk_link, 0), sum(c.nbytes for c in self.in_flight))
+    def now(self, t: float | None = None) -> InFlight:
+        """In flight on the link this rank's chunks use (P2P elsewhere does not compete),
+        and, given the time, the chunk bytes that fit before the next P2P forecast on it."""
+        gap = float("inf")
+        self.wake = None
+        if t is not None and self.policy.fills_gaps and self.forecast is not None:
+            busy = self.forecast.busy(self.chunk_link, t)
+            if busy:
+                gap = max(0.0, busy[0].start - t) * self.rate
+                self.wake = busy[0].end
+        return InFlight(self.p2p.get(self.chunk_link, 0), sum(c.nbytes for c in self.in_flight), gap)
 
-    def launches(self) -> list[Chunk]:
-        """Chunks to launch now, in order. Stops at the first that may not go yet: skipping
-        it would let replicas disagree on the order."""
+    def urgent(self, step: int, t: float | None) -> bool:
+        if step <= self.urgent_through:
+            return True
+        if t is None or self.forecast is None or not self.policy.fills_gaps:
+            return False
+        due = self.forecast.deadline(step)
+        if due is None:
+            return False
+        left = sum(c.nbytes for c in self.order if c.step == step)
+        left += sum(c.nbytes for c in self.in_flight if c.step == step)
+        p2p = sum(min(b.end, due) - max(b.start, t) for b in self.forecast.busy(self.chunk_link, t) if b.start < due)
+        return t + left / self.rate + p2p >= due
+
+    def launches(self, t: float | None = None) -> list[Chunk]:
+        """Chunks to launch now (`t`: the caller's clock), in order. Stops at the first that
+        may not go yet: skipping it would let replicas disagree on the order."""
         out = []
+        self.wake = None
         while self.order:
             head = self.order[0]
             if head not in self.is_ready:
                 break
-            if not self.policy.admit(head, self.now(), urgent=head.step <= self.urgent_through):
+            if not self.policy.admit(head, self.now(t), urgent=self.urgent(head.step, t)):
                 break
             self.order.popleft()
             self.is_ready.discard(head)

@@ -13,7 +13,7 @@ thread per communicator, or an order every member agrees on; we keep the former)
 | engine (main)     | fwd/bwd P2P, tie, control; dp when blocking | driver (posting, P2P counts, enqueue, deadline, close_step), armed slots |
 | autograd hooks    | nothing (run on the engine thread on CPU)   | driver (params_ready)                   |
 | trirace-launcher  | dp, hierarchy (asynchronous policies)       | driver (launches), chunk seqs          |
-| waiters (sends, chunks) | nothing: they wait and report        | driver (p2p_finished, chunk_done); stats, link estimates (own locks) |
+| waiters (sends, chunks) | nothing: they wait and report        | driver (p2p_send_done, chunk_done); stats, link estimates (own locks) |
 """
 
 from __future__ import annotations
@@ -46,9 +46,13 @@ class Comm:
         self.cond = threading.Condition()
         self.stats = CommStats()
         self.links = LinkEstimates(self.topo)
+        p2p_links = {op: self.topo.link_between(groups.rank, peer) for op, (_, peer) in groups.p2p.items()}
         self.driver = StageDriver(stage.policy, list(stage.numels), stage.reduction_link,
                                   schedule.actions[groups.stage], reduces=stage.reduces,
-                                  sparse_param=stage.sparse_param, tuner=tuner)
+                                  sparse_param=stage.sparse_param, tuner=tuner,
+                                  micro_batches=schedule.micro_batches, p2p_links=p2p_links,
+                                  link_bytes_per_s={c: self.topo.link(c).bytes_per_s for c in ("intra", "inter")},
+                                  group_size=len(stage.ranks))
         self.reduction = Reduction(self, embedding_method)  # warms up the reduction communicators first
         warm_up_pipeline(groups, device)
         self.p2p = PipelineP2P(self, activation_shape)

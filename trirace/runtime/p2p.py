@@ -4,7 +4,9 @@ The engine thread issues every P2P op. The stage driver decides which receives a
 posted when (ahead of need for asynchronous policies; a group's own for blocking); each
 direction's communicator sees its ops in schedule order on both ends, which the schedule
 validator guarantees. Sends complete on a `Waiter` per direction, which releases the link
-the policy yields to; the engine waits only for data it needs.
+the policy yields to; the engine waits only for data it needs. Both ends tell the driver
+when bytes crossed (the send's issue, a waited-for receive's arrival): what the trirace
+policy forecasts the next step's P2P from.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from .comms import Handle, Waiter
 
 if TYPE_CHECKING:  # comm.py imports this module
     from .comm import Comm
+
+ARRIVED_S = 1e-3  # a wait shorter than this found the data already there
 
 
 class PipelineP2P:
@@ -47,19 +51,19 @@ class PipelineP2P:
         t0 = self.c.rec.now()
         handle = comm.p2p([("send", tensor, peer)])
         self.c.stats.add(self.sched.step_of(a.index), transfers=1)
+        nbytes = tensor.numel() * tensor.element_size()
+        link = self._link(a.op)
+        with self.c.cond:
+            self.c.driver.p2p_sent(a, link, nbytes, t0)
         if not self.blocking:
-            link = self._link(a.op)
-            with self.c.cond:
-                self.c.driver.p2p_started(link)
-
-            def finished(a=a, t0=t0, nbytes=tensor.numel() * tensor.element_size(), link=link):
+            def finished(a=a, t0=t0, nbytes=nbytes, link=link):
                 try:
                     t1 = self.c.rec.now()
                     self.c.rec.span("p2p send", str(a), t0, t1, bytes=nbytes)
                     self.c.links.observe(link, nbytes, t1 - t0, self.c.rec)
                 finally:
                     with self.c.cond:
-                        self.c.driver.p2p_finished(link)
+                        self.c.driver.p2p_send_done(link)
                         self.c.cond.notify_all()
             self.waiters[a.op].add(handle, finished, keep=tensor)
         return handle
@@ -84,12 +88,13 @@ class PipelineP2P:
     def _wait_recv(self, a: Action) -> torch.Tensor:
         handle, t, posted_at = self.posted.pop(a)
         t0 = time.perf_counter()
-        link = self._link(a.op)
-        with self.c.cond:
-            self.c.driver.p2p_started(link)  # a stage is waiting on this link now
         handle.wait()
+        t1 = time.perf_counter()
+        # Waiting is not a busy link (the upstream may still be computing); the forecast
+        # learns when the bytes crossed, if the wait says so.
         with self.c.cond:
-            self.c.driver.p2p_finished(link)
+            self.c.driver.p2p_arrived(a, self._link(a.op), t.numel() * t.element_size(), t1,
+                                      waited=t1 - t0 > ARRIVED_S)
             self.c.driver.received(a)
             self.c.cond.notify_all()
         step = self.sched.step_of(a.index)

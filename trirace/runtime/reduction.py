@@ -93,8 +93,9 @@ class Reduction:
         try:
             while self.error is None:
                 with self.c.cond:
-                    while not self.stopping and not (batch := self.c.driver.launches()):
-                        self.c.cond.wait()
+                    while not self.stopping and not (batch := self.c.driver.launches(time.perf_counter())):
+                        wake = self.c.driver.wake_at()  # a held chunk is reconsidered then, or on any event
+                        self.c.cond.wait(None if wake is None else max(wake - time.perf_counter(), 1e-4))
                     if self.stopping:
                         return
                 for c in batch:
@@ -164,7 +165,7 @@ class Reduction:
             driver = self.c.driver
             if self.asynchronous:
                 with self.c.cond:
-                    driver.deadline(step)
+                    driver.deadline(step, time.perf_counter())
                     self.c.cond.notify_all()
                     if not self.c.cond.wait_for(lambda: self.error is not None or driver.reduced(step),
                                                 timeout=self.c.timeout_s):

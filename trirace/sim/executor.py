@@ -5,8 +5,8 @@ Each stage has one representative rank (sim/fabric.py folds its replicas into it
 walks its actions in `p2p_groups`, as runtime/engine.py does, and drives its
 CommScheduler at the same points runtime/comm.py does: chunks enqueued when the step's
 last backward begins, ready as that backward finishes their parameters (layer by layer),
-`p2p_started`/`p2p_finished` around sends and receive waits, `deadline` at AR, and
-`launches` after every event. Those calls go through the same `StageDriver`
+`p2p_sent`/`p2p_send_done` around sends, `p2p_arrived` when a receive is seen complete,
+`deadline` at AR, and `launches` after every event and at the driver's wake time. Those calls go through the same `StageDriver`
 (comm/driver.py) the runtime's threads call, so the two cannot decide differently. What
 the runtime's threads and gloo do is mirrored too: receives are posted as the driver says,
 a transfer moves once both ends are posted, asynchronous
@@ -99,8 +99,15 @@ class _Rank:
         self.policy = self.work.policy
         link = sim.fabric.topo.group_link(sim.fabric.layout.dp_group(stage))
         self.has_dp = sim.fabric.layout.dp > 1
+        topo, layout = sim.fabric.topo, sim.fabric.layout
+        p2p_links = {op: sim.link_of(stage, peer_stage(stage, op)) for op in (Op.SF, Op.RB, Op.RF, Op.SB)
+                     if 0 <= peer_stage(stage, op) < sim.schedule.n_stages}
         self.driver = StageDriver(self.policy, self.work.numels, link, sim.schedule.actions[stage],
-                                  reduces=self.has_dp, sparse_param=self.work.sparse_param)
+                                  reduces=self.has_dp, sparse_param=self.work.sparse_param,
+                                  micro_batches=sim.schedule.micro_batches, p2p_links=p2p_links,
+                                  link_bytes_per_s={c: topo.link(c).bytes_per_s for c in ("intra", "inter")},
+                                  group_size=layout.dp)
+        self.wake: float | None = None  # a kick already scheduled for the driver's wake time
         self.group = _Group(sim, sim.collective_streams)
         self.launcher_busy = False
         self.launch_queue: deque[Chunk] = deque()
@@ -199,14 +206,9 @@ class _Rank:
         if self.policy.blocking:
             self._post_recvs(group)
         msgs = [sim.p2p_send(self.stage, a) for a in sends]
-        waits = []
-        for a in recvs:
-            msg = sim.message_for_recv(self.stage, a)
-            if not msg.delivered:  # a stage is waiting on this link now
-                link = sim.link_of(self.stage, msg.src)
-                self.driver.p2p_started(link)
-                msg.on_delivered.append(lambda link=link: self.driver.p2p_finished(link))
-            waits.append((a, msg))
+        # (stage waiting on a receive is not a busy link: the upstream may still compute)
+        waits = [(a, sim.message_for_recv(self.stage, a)) for a in recvs]
+        already = {a for a, m in waits if m.delivered}
         t0 = sim.now
         step = sim.schedule.step_of_action(group[0])
 
@@ -216,6 +218,8 @@ class _Rank:
             if self.policy.blocking and not all(m.delivered for m in msgs):
                 return False
             for a, m in waits:
+                self.driver.p2p_arrived(a, sim.link_of(self.stage, m.src), sim.activation_bytes, sim.now,
+                                        waited=a not in already)
                 self.driver.received(a)
                 self.rec.span("p2p recv", str(a), max(m.posted_at, t0), sim.now, waited_s=sim.now - t0)
             sim.step_stats(self.stage, step).exposed["p2p"] += sim.now - t0
@@ -232,8 +236,12 @@ class _Rank:
         """The launcher thread's loop: take what the policy admits and launch it in order."""
         while not self.launcher_busy:
             if not self.launch_queue:
-                self.launch_queue.extend(self.driver.launches())
+                self.launch_queue.extend(self.driver.launches(self.sim.now))
                 if not self.launch_queue:
+                    wake = self.driver.wake_at()
+                    if wake is not None and wake != self.wake:  # as the runtime's timed wait
+                        self.wake = wake
+                        self.sim.at(max(wake, self.sim.now), self.kick)
                     return
             c = self.launch_queue.popleft()
             self._launch(c)
@@ -274,7 +282,7 @@ class _Rank:
                 else:
                     self.resume()
         else:
-            self.driver.deadline(step)
+            self.driver.deadline(step, sim.now)
             self.kick()
 
         def complete() -> bool:
@@ -420,8 +428,8 @@ class Simulation:
         msg.sent_at = self.now
         sender = self.ranks[stage]
         link = self.link_of(stage, peer_stage(stage, a.op))
-        sender.driver.p2p_started(link)
-        msg.on_delivered.append(lambda: sender.driver.p2p_finished(link))
+        sender.driver.p2p_sent(a, link, self.activation_bytes, self.now)
+        msg.on_delivered.append(lambda: sender.driver.p2p_send_done(link))
         self._maybe_move(key, msg)
         return msg
 
