@@ -168,3 +168,17 @@ def test_replicas_launch_in_one_order_whatever_their_timing(seed):
         seqs.append(out)
     assert seqs[0] == seqs[1]
     assert seqs[0][:8] == [f"AR0.{i}" for i in range(8)]  # step 0's deadline comes first
+
+
+def test_chunks_that_crossed_slower_than_the_link_shrink_the_gaps_they_fit():
+    d = driver()
+    step0_timing(d)
+    ready_step(d, 0)
+    first = d.launches(11.05)  # two 0.2 s chunks side by side...
+    for c in first:
+        d.chunk_done(c, 11.85)  # ...took 0.8 s: the link gave chunks half its rate
+    assert d.scheduler.chunk_rate == pytest.approx(RATE / 2)
+    d.p2p_sent(act(d, Op.SB, 2), "inter", ACT, 11.5)
+    d.p2p_send_done("inter")
+    # 0.3 s to RF3's forecast at 12.15 - 0.3 = 11.85: at half rate a 0.4 s chunk no longer fits
+    assert d.launches(11.85) == [] and d.wake_at() == pytest.approx(12.0)

@@ -121,7 +121,7 @@ EXTRA_FLAGS = {
               "--mtu": st.sampled_from(["9000", "1500", "100", "70000", "x"]),
               "--rounds": st.sampled_from(SMALL_INTS), "--systems": st.sampled_from(["fifo", "trirace,torch-1f1b",
                                                                                     "bogus", "", ","]),
-              "--out": st.sampled_from(PATHS), "--json": st.sampled_from(PATHS)},
+              "--out": st.sampled_from(PATHS), "--json": st.sampled_from(PATHS), "--matrix": st.just(None)},
     "profile": {"--out": st.sampled_from(PATHS), "--cluster": st.sampled_from(["testbed", "a100-ib", "bogus", ""]),
                 "--link": st.sampled_from(["250mbit", "fast", ""]), "--mtu": st.sampled_from(["9000", "100", "x"])},
     "plan": {"--json": st.just(None)},

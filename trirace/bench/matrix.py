@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ..config import TrainConfig
+from ..runtime.launch import WorkerFailed
 from . import side_by_side
 from .side_by_side import Cluster
 
@@ -66,7 +67,12 @@ def run(base: TrainConfig, systems: tuple[str, ...], rounds: int, out: Path) -> 
     for i, c in enumerate(todo):
         print(f"[{i + 1}/{len(todo)}] {cell_name(c)}: {', '.join(systems)}, {rounds} round(s) "
               f"[{time.monotonic() - t0:.0f} s]", file=sys.stderr, flush=True)
-        payload = side_by_side.run(base, c, systems, rounds)
+        try:
+            payload = side_by_side.run(base, c, systems, rounds)
+        except WorkerFailed as e:  # one retry, said out loud: a crash is a bug to report, not to average away
+            print(f"    {cell_name(c)}: {e}; running the cell once more", file=sys.stderr, flush=True)
+            payload = side_by_side.run(base, c, systems, rounds)
+            payload["retried_after"] = str(e)
         row = {"cell": cell_name(c), "cluster": {"nodes": c.nodes, "ranks_per_node": c.ranks_per_node,
                                                   "link": c.link}, **summarize(payload), "payload": payload}
         rows.append(row)

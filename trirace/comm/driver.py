@@ -146,8 +146,8 @@ class StageDriver:
         """When chunks held back for a forecast P2P transfer should be reconsidered."""
         return self.scheduler.wake if self.reduces else None
 
-    def chunk_done(self, c: Chunk) -> None:
-        self.scheduler.finished(c)
+    def chunk_done(self, c: Chunk, t: float | None = None) -> None:
+        self.scheduler.finished(c, t)
         self.done.add(c)
         self.last_kind[c.step] = c.kind
 

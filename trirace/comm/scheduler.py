@@ -13,9 +13,12 @@ Rules, each with its reason:
    exactly then, and that is when chunks should run.
 3. Gap filling (policies with `fills_gaps`). The forecast (comm/forecast.py) says when the
    next P2P transfer will cross the chunks' link. A chunk starts only if it and the chunk
-   bytes already in flight can cross before then, at the link's agreed rate; otherwise it
-   waits for the end of that transfer and is reconsidered (`wake_at`). P2P then meets an
-   empty link instead of sharing it with bulk bytes.
+   bytes already in flight can cross before then; otherwise it waits for the end of that
+   transfer and is reconsidered (`wake_at`). P2P then meets an empty link instead of
+   sharing it with bulk bytes. A chunk's time is its bytes over the link's agreed rate, or
+   over the rate chunks actually got lately if that is lower (on shared cores a chunk
+   takes two to three times its bytes' worth): a forecast that assumes the nominal rate
+   lets chunks run into the P2P transfer it meant to protect.
 4. Deadlines win. Under 2BW a step's reduction is due at its AR, one step after it became
    ready. A step is urgent once the engine waits at its AR, or once its remaining chunk
    bytes plus the P2P time forecast before its deadline no longer fit in the time left:
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..plan.transfers import Chunk
+from ..plan.transfers import Chunk, Kind
 from .forecast import P2PForecast
 from .policies import InFlight, Policy
 
@@ -47,6 +50,9 @@ class CommScheduler:
         self.p2p: dict[str, int] = {}  # link class -> P2P sends in flight on it
         self.urgent_through = -1  # steps whose deadline has arrived
         self.wake: float | None = None  # when a chunk held back by the forecast is reconsidered
+        self.launched: dict[Chunk, tuple[float, float]] = {}  # chunk -> (launch time, `area` then)
+        self.area, self.area_t = 0.0, 0.0  # integral of chunks in flight over time, and up to when
+        self.measured: float | None = None  # chunk bytes/s the link delivered lately (EWMA)
 
     def enqueue(self, chunks: list[Chunk]) -> None:
         self.order.extend(sorted(chunks, key=lambda c: (c.step, c.seq)))
@@ -60,8 +66,27 @@ class CommScheduler:
     def p2p_finished(self, link: str = "intra") -> None:
         self.p2p[link] -= 1
 
-    def finished(self, chunk: Chunk) -> None:
+    def _tick(self, t: float) -> None:
+        self.area += len(self.in_flight) * max(0.0, t - self.area_t)
+        self.area_t = max(self.area_t, t)
+
+    def finished(self, chunk: Chunk, t: float | None = None) -> None:
+        start = self.launched.pop(chunk, None)
+        if t is not None:
+            self._tick(t)
+            if start is not None and t > start[0] and chunk.kind is Kind.ALLREDUCE:
+                # It shared the link with the chunks beside it: what the link gave chunks is
+                # its bytes times their mean number over its lifetime, per second.
+                sharing = (self.area - start[1]) / (t - start[0])
+                sample = chunk.nbytes * max(1.0, sharing) / (t - start[0])
+                self.measured = sample if self.measured is None else 0.7 * self.measured + 0.3 * sample
         self.in_flight.discard(chunk)
+
+    @property
+    def chunk_rate(self) -> float:
+        """What a chunk gets: the agreed link rate, or less if that is what chunks measured
+        lately (shared cores, a replica that joins late). Timing only: never sizes."""
+        return min(self.rate, self.measured) if self.measured else self.rate
 
     def deadline(self, step: int) -> None:
         """The engine now waits for step `step`'s reduction: nothing of it may be held back."""
@@ -75,7 +100,7 @@ class CommScheduler:
         if t is not None and self.policy.fills_gaps and self.forecast is not None:
             busy = self.forecast.busy(self.chunk_link, t)
             if busy:
-                gap = max(0.0, busy[0].start - t) * self.rate
+                gap = max(0.0, busy[0].start - t) * self.chunk_rate
                 self.wake = busy[0].end
         return InFlight(self.p2p.get(self.chunk_link, 0), sum(c.nbytes for c in self.in_flight), gap)
 
@@ -90,7 +115,7 @@ class CommScheduler:
         left = sum(c.nbytes for c in self.order if c.step == step)
         left += sum(c.nbytes for c in self.in_flight if c.step == step)
         p2p = sum(min(b.end, due) - max(b.start, t) for b in self.forecast.busy(self.chunk_link, t) if b.start < due)
-        return t + left / self.rate + p2p >= due
+        return t + left / self.chunk_rate + p2p >= due
 
     def launches(self, t: float | None = None) -> list[Chunk]:
         """Chunks to launch now (`t`: the caller's clock), in order. Stops at the first that
@@ -105,6 +130,9 @@ class CommScheduler:
                 break
             self.order.popleft()
             self.is_ready.discard(head)
+            if t is not None:
+                self._tick(t)
+                self.launched[head] = (t, self.area)
             self.in_flight.add(head)
             out.append(head)
         return out

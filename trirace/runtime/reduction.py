@@ -141,7 +141,7 @@ class Reduction:
         finally:
             with self.c.cond:
                 self.chunk_seqs[c] = seqs
-                self.c.driver.chunk_done(c)
+                self.c.driver.chunk_done(c, time.perf_counter())
                 self.c.cond.notify_all()
 
     def _exchange_rows(self, c: Chunk) -> None:

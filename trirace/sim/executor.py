@@ -252,7 +252,7 @@ class _Rank:
 
         def done():
             self.rec.span("sparse" if c.kind is Kind.SPARSE else "allreduce", c.name, t0, self.sim.now, bytes=c.nbytes)
-            self.driver.chunk_done(c)
+            self.driver.chunk_done(c, self.sim.now)
             then()
         self.group.submit(self.work.collective(c), done)
 
