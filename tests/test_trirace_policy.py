@@ -170,15 +170,24 @@ def test_replicas_launch_in_one_order_whatever_their_timing(seed):
     assert seqs[0][:8] == [f"AR0.{i}" for i in range(8)]  # step 0's deadline comes first
 
 
-def test_chunks_that_crossed_slower_than_the_link_shrink_the_gaps_they_fit():
+def test_chunks_that_crossed_slower_than_the_link_end_the_wait_for_gaps_sooner():
     d = driver()
     step0_timing(d)
+    d.deadline(-2, 0.0)
+    d.deadline(-1, 6.6)  # AR0 due at 13.2
     ready_step(d, 0)
     first = d.launches(11.05)  # two 0.2 s chunks side by side...
+    assert len(first) == 2
+    assert d.launches(11.45) == []  # 6 chunks (1.2 s at the link rate) and 0.3 s of P2P fit before 13.2
     for c in first:
-        d.chunk_done(c, 11.85)  # ...took 0.8 s: the link gave chunks half its rate
-    assert d.scheduler.chunk_rate == pytest.approx(RATE / 2)
-    d.p2p_sent(act(d, Op.SB, 2), "inter", ACT, 11.5)
-    d.p2p_send_done("inter")
-    # 0.3 s to RF3's forecast at 12.15 - 0.3 = 11.85: at half rate a 0.4 s chunk no longer fits
-    assert d.launches(11.85) == [] and d.wake_at() == pytest.approx(12.0)
+        d.chunk_done(c, 11.45)  # ...took 0.4 s: the link's rate
+    assert d.scheduler.chunk_rate == pytest.approx(RATE) and d.launches(11.45) == []
+    e = driver()
+    step0_timing(e)
+    e.deadline(-2, 0.0)
+    e.deadline(-1, 6.6)
+    ready_step(e, 0)
+    for c in e.launches(11.05):
+        e.chunk_done(c, 11.45 + 0.4)  # ...took 0.8 s: chunks got half the link
+    assert e.scheduler.chunk_rate == pytest.approx(RATE / 2)
+    assert len(e.launches(11.85)) == 2  # 6 chunks now need 2.4 s: no slack left, no waiting for gaps
