@@ -191,3 +191,17 @@ def test_chunks_that_crossed_slower_than_the_link_end_the_wait_for_gaps_sooner()
         e.chunk_done(c, 11.45 + 0.4)  # ...took 0.8 s: chunks got half the link
     assert e.scheduler.chunk_rate == pytest.approx(RATE / 2)
     assert len(e.launches(11.85)) == 2  # 6 chunks now need 2.4 s: no slack left, no waiting for gaps
+
+
+def test_a_transfer_seen_out_of_order_is_not_forecast_again():
+    d = driver()
+    step0_timing(d)
+    f = d.forecast
+    d.p2p_sent(act(d, Op.SB, 2), "inter", ACT, 11.5)
+    d.p2p_sent(act(d, Op.SB, 3), "inter", ACT, 12.5)  # seen before RF3: out of schedule order
+    assert act(d, Op.RF, 3) == f.upcoming[0] and act(d, Op.SB, 3) in f.happened
+    # SB3 counts once, as observed, not again as forecast from SB1 (also [12.5, 12.6])
+    starts = [round(b.start, 6) for b in f.busy("inter", 12.45)]
+    assert starts.count(12.5) == 1 and starts[0] == 12.5
+    d.p2p_arrived(act(d, Op.RF, 3), "inter", ACT, 12.7, waited=True)
+    assert not f.happened and f.upcoming[0] == act(d, Op.RF, 4)
