@@ -86,6 +86,10 @@ class Topology:
     def link(self, cls: str) -> Link:
         return self.intra if cls == INTRA else self.inter
 
+    def rates(self) -> dict[str, float]:
+        """Bytes per second of each link class."""
+        return {INTRA: self.intra.bytes_per_s, INTER: self.inter.bytes_per_s}
+
     def describe(self) -> str:
         return (f"topology: {self.nodes} node(s) x {self.ranks_per_node} rank(s); "
                 f"intra-node {self.intra}; inter-node {self.inter}")

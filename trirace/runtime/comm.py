@@ -51,7 +51,7 @@ class Comm:
                                   schedule.actions[groups.stage], reduces=stage.reduces,
                                   sparse_param=stage.sparse_param, tuner=tuner,
                                   micro_batches=schedule.micro_batches, p2p_links=p2p_links,
-                                  link_bytes_per_s={c: self.topo.link(c).bytes_per_s for c in ("intra", "inter")},
+                                  link_bytes_per_s=self.topo.rates(),
                                   group_size=len(stage.ranks))
         self.reduction = Reduction(self, embedding_method)  # warms up the reduction communicators first
         warm_up_pipeline(groups, device)

@@ -6,8 +6,9 @@ walks its actions in `p2p_groups`, as runtime/engine.py does, and drives its
 CommScheduler at the same points runtime/comm.py does: chunks enqueued when the step's
 last backward begins, ready as that backward finishes their parameters (layer by layer),
 `p2p_sent`/`p2p_send_done` around sends, `p2p_arrived` when a receive is seen complete,
-`deadline` at AR, and `launches` after every event and at the driver's wake time. Those calls go through the same `StageDriver`
-(comm/driver.py) the runtime's threads call, so the two cannot decide differently. What
+`deadline` at AR, and `launches` after every event and at the driver's wake time. Those
+calls go through the same `StageDriver` (comm/driver.py) the runtime's threads call, so
+the two cannot decide differently. What
 the runtime's threads and gloo do is mirrored too: receives are posted as the driver says,
 a transfer moves once both ends are posted, asynchronous
 all-reduces queue on the group's `collective_streams` workers, while sparse exchanges and
@@ -97,15 +98,15 @@ class _Rank:
         self.groups = p2p_groups(sim.schedule.actions[stage])
         self.pc = 0
         self.policy = self.work.policy
-        link = sim.fabric.topo.group_link(sim.fabric.layout.dp_group(stage))
-        self.has_dp = sim.fabric.layout.dp > 1
         topo, layout = sim.fabric.topo, sim.fabric.layout
+        link = topo.group_link(layout.dp_group(stage))
+        self.has_dp = layout.dp > 1
         p2p_links = {op: sim.link_of(stage, peer_stage(stage, op)) for op in (Op.SF, Op.RB, Op.RF, Op.SB)
                      if 0 <= peer_stage(stage, op) < sim.schedule.n_stages}
         self.driver = StageDriver(self.policy, self.work.numels, link, sim.schedule.actions[stage],
                                   reduces=self.has_dp, sparse_param=self.work.sparse_param,
                                   micro_batches=sim.schedule.micro_batches, p2p_links=p2p_links,
-                                  link_bytes_per_s={c: topo.link(c).bytes_per_s for c in ("intra", "inter")},
+                                  link_bytes_per_s=topo.rates(),
                                   group_size=layout.dp)
         self.wake: float | None = None  # a kick already scheduled for the driver's wake time
         self.group = _Group(sim, sim.collective_streams)
