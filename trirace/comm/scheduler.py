@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..plan.transfers import Chunk, Kind
-from .forecast import P2PForecast
+from .forecast import Busy, P2PForecast
 from .policies import InFlight, Policy
 
 
@@ -99,29 +99,35 @@ class CommScheduler:
         """The engine now waits for step `step`'s reduction: nothing of it may be held back."""
         self.urgent_through = max(self.urgent_through, step)
 
-    def now(self, t: float | None = None) -> InFlight:
+    def _busy(self, t: float | None) -> list[Busy] | None:
+        """The P2P forecast on the chunks' link from `t` on; None where nothing is forecast."""
+        if t is None or not self.policy.fills_gaps or self.forecast is None:
+            return None
+        return self.forecast.busy(self.chunk_link, t)
+
+    def now(self, t: float | None = None, busy: list[Busy] | None = None) -> InFlight:
         """In flight on the link this rank's chunks use (P2P elsewhere does not compete),
         and, given the time, the chunk bytes that fit before the next P2P forecast on it."""
         gap = float("inf")
         self.wake = None
-        if t is not None and self.policy.fills_gaps and self.forecast is not None:
-            busy = self.forecast.busy(self.chunk_link, t)
-            if busy:
-                gap = max(0.0, busy[0].start - t) * self.rate
-                self.wake = busy[0].end
+        busy = self._busy(t) if busy is None else busy
+        if busy:
+            gap = max(0.0, busy[0].start - t) * self.rate
+            self.wake = busy[0].end
         return InFlight(self.p2p.get(self.chunk_link, 0), sum(c.nbytes for c in self.in_flight), gap)
 
-    def urgent(self, step: int, t: float | None) -> bool:
+    def urgent(self, step: int, t: float | None, busy: list[Busy] | None = None) -> bool:
         if step <= self.urgent_through:
             return True
-        if t is None or self.forecast is None or not self.policy.fills_gaps:
+        busy = self._busy(t) if busy is None else busy
+        if busy is None:
             return False
         due = self.forecast.deadline(step)
         if due is None:
             return False
         left = sum(c.nbytes for c in self.order if c.step == step)
         left += sum(c.nbytes for c in self.in_flight if c.step == step)
-        p2p = sum(min(b.end, due) - max(b.start, t) for b in self.forecast.busy(self.chunk_link, t) if b.start < due)
+        p2p = sum(min(b.end, due) - max(b.start, t) for b in busy if b.start < due)
         return t + left / self.chunk_rate + p2p >= due
 
     def launches(self, t: float | None = None) -> list[Chunk]:
@@ -129,11 +135,12 @@ class CommScheduler:
         may not go yet: skipping it would let replicas disagree on the order."""
         out = []
         self.wake = None
+        busy = self._busy(t)  # launching chunks does not move the forecast: once per call
         while self.order:
             head = self.order[0]
             if head not in self.is_ready:
                 break
-            if not self.policy.admit(head, self.now(t), urgent=self.urgent(head.step, t)):
+            if not self.policy.admit(head, self.now(t, busy), urgent=self.urgent(head.step, t, busy)):
                 break
             self.order.popleft()
             self.is_ready.discard(head)
