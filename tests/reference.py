@@ -4,6 +4,7 @@ truth that every pipeline-parallel run must reproduce."""
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 
@@ -13,8 +14,32 @@ from trirace.runtime.trainer import batch_fn, sampler_for
 
 
 def _optimizer(cfg: TrainConfig, params):
-    cls = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.SGD
-    return cls(params, lr=cfg.learning_rate)
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[cfg.optimizer]
+    wd = cfg.weight_decay if cfg.weight_decay is not None else (0.01 if cfg.optimizer == "adamw" else 0.0)
+    return cls(params, lr=cfg.learning_rate, weight_decay=wd)
+
+
+def _lr(cfg: TrainConfig, t: int) -> float:
+    """Linear warm-up to lr, then constant, or linear/cosine decay to min_lr at the last step."""
+    lr, w = cfg.learning_rate, cfg.warmup_steps
+    if t < w:
+        return lr * (t + 1) / w
+    span = cfg.steps - 1 - w
+    frac = 1.0 if span <= 0 else min(1.0, (t - w) / span)
+    if cfg.lr_schedule == "linear":
+        return cfg.min_lr + (lr - cfg.min_lr) * (1 - frac)
+    if cfg.lr_schedule == "cosine":
+        return cfg.min_lr + (lr - cfg.min_lr) * (1 + math.cos(math.pi * frac)) / 2
+    return lr
+
+
+def _update(cfg: TrainConfig, opt, params, t: int) -> None:
+    """Clip the gradient about to be applied (torch's own clip), set step t's rate, step."""
+    if cfg.clip_grad is not None:
+        torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad)
+    for group in opt.param_groups:
+        group["lr"] = _lr(cfg, t)
+    opt.step()
 
 
 def _batch_grad(cfg: TrainConfig, model, batch, step: int) -> float:
@@ -38,7 +63,7 @@ def train_sync(cfg: TrainConfig) -> list[float]:
     out = []
     for t in range(cfg.steps):
         out.append(_batch_grad(cfg, model, batch, t))
-        opt.step()
+        _update(cfg, opt, list(model.parameters()), t)
         opt.zero_grad(set_to_none=True)
     return out
 
@@ -56,7 +81,7 @@ def train_2bw(cfg: TrainConfig) -> list[float]:
         snapshot = copy.deepcopy(current)
         for p, q in zip(current.parameters(), previous.parameters()):
             p.grad = q.grad
-        opt.step()
+        _update(cfg, opt, list(current.parameters()), t)
         opt.zero_grad(set_to_none=True)
         previous = snapshot
     return out

@@ -22,17 +22,28 @@ def runs(request):
     cfgs = {k: make_config(base, schedule=k) for k in ("1f1b", "gpipe", "2bw")}
     cfgs["2bw-sgd"] = make_config(base, schedule="2bw", optimizer="sgd", partition="2,5")
     cfgs["bert-1f1b"] = make_config(base, model="bert-test", schedule="1f1b")
+    # The update rule's options: clip thresholds below the norms these runs see, so clipping acts.
+    cfgs["1f1b-adamw-cosine-clip"] = make_config(base, schedule="1f1b", optimizer="adamw", weight_decay=0.1,
+                                                 lr_schedule="cosine", warmup_steps=2, min_lr=1e-4, clip_grad=0.5)
+    cfgs["2bw-clip-linear"] = make_config(base, schedule="2bw", optimizer="adamw", lr_schedule="linear",
+                                          warmup_steps=3, clip_grad=0.5)
+    cfgs["2bw-sgd-clip-blocking"] = make_config(base, schedule="2bw", optimizer="sgd", clip_grad=1.0,
+                                                comm_policy="blocking")
     results = run_local(list(cfgs.values()), timeout_s=240)
+    RUNS.update({k: res for k, res in zip(cfgs, results)})
     return {k: (cfgs[k], [r["loss"] for r in res]) for k, res in zip(cfgs, results)}
 
 
-@pytest.mark.parametrize("kind", ["1f1b", "gpipe", "bert-1f1b"])
+RUNS: dict[str, list[dict]] = {}  # the metrics rows of the runs above
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe", "bert-1f1b", "1f1b-adamw-cosine-clip"])
 def test_sync_schedules_match_single_process(runs, kind):
     cfg, losses = runs[kind]
     _close(losses, train_sync(cfg))
 
 
-@pytest.mark.parametrize("kind", ["2bw", "2bw-sgd"])
+@pytest.mark.parametrize("kind", ["2bw", "2bw-sgd", "2bw-clip-linear", "2bw-sgd-clip-blocking"])
 def test_2bw_matches_delayed_update_rule(runs, kind):
     cfg, losses = runs[kind]
     _close(losses, train_2bw(cfg))
@@ -53,3 +64,18 @@ def test_2bw_differs_from_synchronous_training(runs):
 def test_loss_decreases(runs):
     _, losses = runs["1f1b"]
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("kind", ["1f1b-adamw-cosine-clip", "2bw-clip-linear", "2bw-sgd-clip-blocking"])
+def test_clipping_and_schedules_act(runs, kind):
+    """The options above changed something: the norm exceeded the clip on some step (so the
+    reference match covers clipping), and the rate followed its schedule."""
+    cfg, _ = runs[kind]
+    rows = RUNS[kind]
+    assert any(r["grad_norm"] > cfg.clip_grad for r in rows)
+    lrs = [r["lr"] for r in rows]
+    if cfg.warmup_steps:
+        assert lrs[0] == pytest.approx(cfg.learning_rate / cfg.warmup_steps)
+        assert lrs[cfg.warmup_steps - 1] == pytest.approx(cfg.learning_rate)
+    if cfg.lr_schedule != "constant":
+        assert lrs[-1] == pytest.approx(cfg.min_lr, abs=1e-12)

@@ -15,7 +15,7 @@ from pathlib import Path
 from .comm.policies import POLICIES as POLICY_NAMES
 from . import preflight
 from .config import TrainConfig, make_config
-from .errors import UsageError
+from .errors import Diverged, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -180,6 +180,9 @@ def _train(args: argparse.Namespace) -> int:
     except WorkerFailed as e:
         print(f"trirace: {e}", file=sys.stderr)
         return 1
+    except Diverged as e:
+        print(f"trirace: {e}", file=sys.stderr)
+        return Diverged.EXIT_STATUS
     return 0
 
 

@@ -31,8 +31,26 @@ class TrainConfig(BaseModel):
     micro_batch_size: int = Field(4, ge=1, description="sequences per micro-batch")
     seq_len: int | None = Field(None, ge=2, description="tokens per sequence (default: min(model max, 128))")
     steps: int = Field(40, ge=1, description="optimizer steps")
-    lr: float | None = Field(None, gt=0, description="learning rate (default 1e-3 adam, 0.1 sgd)")
-    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float | None = Field(None, gt=0, description="peak learning rate (default 1e-3 adam/adamw, 0.1 sgd)")
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    weight_decay: float | None = Field(
+        None, ge=0, description="weight decay: decoupled for adamw (default 0.01), L2 for adam and sgd (default 0)")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="learning rate after warm-up: constant, or decaying to --min-lr at the last step")
+    warmup_steps: int = Field(0, ge=0, description="steps of linear warm-up from lr / warmup_steps to lr")
+    min_lr: float = Field(0.0, ge=0, description="where cosine and linear decay end")
+    clip_grad: float | None = Field(
+        None, gt=0, description="clip the global gradient norm (over every stage and replica) to this value")
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        "stop", description="a non-finite loss or gradient norm: stop the job (exit 3), or skip that update")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="compute precision; bf16 autocasts compute and keeps fp32 master weights")
+    grad_comm_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="dtype gradients cross the data-parallel links in (bf16 halves the bytes)")
+    recompute: bool = Field(False, description="recompute each block's activations in backward (saves memory)")
+    eval_every: int = Field(0, ge=0, description="validation loss every N steps and after the last (0: never)")
+    eval_batches: int = Field(4, ge=1, description="held-out micro-batches per replica in each evaluation")
+    memory_check: bool = Field(True, description="refuse at once a job whose estimated memory does not fit")
     seed: int = Field(0, ge=0)
     data: str = Field("stdlib", description="'stdlib' (Python's own sources), 'synthetic', or a file/dir of text")
     partition: list[int] | None = Field(None, description="layers per stage, e.g. [3, 4]; default balances")
@@ -115,6 +133,12 @@ class TrainConfig(BaseModel):
             raise ValueError(f"seq_len {self.seq_len} exceeds {self.model}'s maximum {spec.max_seq_len}")
         if self.resume != "off" and self.checkpoint_dir is None:
             raise ValueError("resume needs checkpoint_dir")
+        if self.min_lr > self.learning_rate:
+            raise ValueError(f"min_lr {self.min_lr:g} is above the learning rate {self.learning_rate:g}")
+        if self.clip_grad is not None and self.tie_embeddings and self.pp > 1:
+            # The tied gradient is the sum of two stages' parts, known only at the update:
+            # the norm each stage contributes earlier would count it wrongly.
+            raise ValueError("clip_grad with tie_embeddings across stages (pp > 1) is not supported yet")
         if self.autotune and self.comm_policy == "blocking":
             raise ValueError("autotune tunes chunk and credit sizes; the blocking policy has none")
         for name, pair in (("straggler", self.straggler), ("kill", self.kill)):
@@ -148,7 +172,12 @@ class TrainConfig(BaseModel):
 
     @property
     def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else (1e-3 if self.optimizer == "adam" else 0.1)
+        return self.lr if self.lr is not None else (0.1 if self.optimizer == "sgd" else 1e-3)
+
+    @property
+    def decay(self) -> float:
+        """Weight decay in effect (--weight-decay, or the optimizer's usual default)."""
+        return self.weight_decay if self.weight_decay is not None else (0.01 if self.optimizer == "adamw" else 0.0)
 
     @property
     def activation_shape(self) -> tuple[int, int, int]:

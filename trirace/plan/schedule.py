@@ -216,23 +216,34 @@ def defer_updates(sched: Schedule, ops: tuple[Op, ...] = (Op.AR, Op.OPT)) -> Sch
     return deferred
 
 
-def schedule_for_policy(sched: Schedule, defers_updates: bool, tied_across_stages: bool) -> Schedule:
+def schedule_for_policy(sched: Schedule, defers_updates: bool, tied_across_stages: bool,
+                        global_update: bool = True) -> Schedule:
     """The action lists a policy runs: asynchronous policies move AR and OPT to their
-    deadlines; blocking keeps them after the last backward, except that with a table tied
-    across stages OPT (which needs the tied reduction) waits at its deadline, since blocking
-    P2P leaves no point where both ends of a 2BW pipeline are free to wait for each other."""
+    deadlines. Blocking keeps AR after the last backward; its OPT also waits at its
+    deadline when OPT needs something from another stage (the tied reduction, or the global
+    gradient norm of `global_update`), since blocking P2P leaves no earlier point where
+    the stages of a 2BW pipeline are free to wait for each other. Flushed schedules have
+    such a point after every step, so for them nothing moves."""
     if defers_updates:
-        return defer_updates(sched)
-    if tied_across_stages:
-        return defer_updates(sched, (Op.OPT,))
-    return sched
+        out = defer_updates(sched)
+    elif tied_across_stages or global_update:
+        out = defer_updates(sched, (Op.OPT,))
+    else:
+        out = sched
+    if global_update:
+        validate(out, global_update=True)
+    return out
 
 
 # ---------------------------------------------------------------- validation
 
 
-def validate(sched: Schedule) -> None:
-    """Raise ScheduleError naming the first problem; return quietly if the schedule is sound."""
+def validate(sched: Schedule, global_update: bool = False) -> None:
+    """Raise ScheduleError naming the first problem; return quietly if the schedule is sound.
+
+    `global_update`: each OPT also waits for a figure from every stage that each stage has
+    once the step's last backward ran (the global gradient norm of clipping and of the
+    divergence guard). Checked by the same progress rule as the transfers."""
     d, m = sched.n_stages, sched.micro_batches
     if sched.kind not in KINDS:
         raise ScheduleError(f"unknown schedule {sched.kind!r}; choose from {', '.join(KINDS)}")
@@ -244,7 +255,7 @@ def validate(sched: Schedule) -> None:
         raise ScheduleError(f"schedule declares {d} stages but lists actions for {len(sched.actions)}")
     for s, acts in enumerate(sched.actions):
         _check_stage(sched, s, acts)
-    _check_transfers(sched)
+    _check_transfers(sched, global_update)
 
 
 def _check_stage(sched: Schedule, s: int, acts: tuple[Action, ...]) -> None:
@@ -290,11 +301,11 @@ def _check_stage(sched: Schedule, s: int, acts: tuple[Action, ...]) -> None:
             before(Action(Op.OPT, t - 1), Action(Op.OPT, t), "updates apply in order")
 
 
-def _check_transfers(sched: Schedule) -> None:
+def _check_transfers(sched: Schedule, global_update: bool = False) -> None:
     """Every send has its receive in the same order, and executing the lists with the
     runtime's semantics (a run of adjacent transfers is posted together and completes
     when each has a posted partner) makes progress to the end on every stage."""
-    d = sched.n_stages
+    d, m = sched.n_stages, sched.micro_batches
     # Partner of a transfer: (direction key, position in that direction's FIFO).
     chans: dict[tuple[int, int, Op], list[int]] = {}
     for s, acts in enumerate(sched.actions):
@@ -327,6 +338,7 @@ def _check_transfers(sched: Schedule) -> None:
                 count[c] = ordi[a] + 1
         ordinal.append(ordi)
     is_posted = [False] * d
+    backwards_done: dict[int, int] = {}  # step -> stages past its last backward
     progress = True
     while progress:
         progress = False
@@ -334,7 +346,11 @@ def _check_transfers(sched: Schedule) -> None:
             if pc[s] == len(runs[s]):
                 continue
             run = runs[s][pc[s]]
+            if global_update and run[0].op is Op.OPT and backwards_done.get(run[0].index, 0) < d:
+                continue
             if not run[0].op.is_p2p:
+                if run[0].op is Op.B and (run[0].index + 1) % m == 0:
+                    backwards_done[run[0].index // m] = backwards_done.get(run[0].index // m, 0) + 1
                 pc[s] += 1
                 progress = True
                 continue

@@ -25,6 +25,7 @@ import torch
 from ..config import TrainConfig
 from ..errors import UsageError
 from ..models import build_layers, lm_loss
+from ..optim import make_optimizer
 from ..sim.calibration import Calibration
 from .trainer import batch_fn, sampler_for
 
@@ -69,7 +70,7 @@ def layer_times(cfg: TrainConfig, reps: int = 5) -> tuple[list[float], list[floa
     params = [torch.nn.Parameter(p.detach().clone()) for layer in layers for p in layer.parameters()]
     for p in params:
         p.grad = torch.zeros_like(p)
-    opt = torch.optim.Adam(params, lr=1e-3) if cfg.optimizer == "adam" else torch.optim.SGD(params, lr=0.1)
+    opt = make_optimizer(params, cfg.optimizer, cfg.learning_rate, cfg.decay)
     copies = [p.detach().clone() for p in params]
 
     def step():

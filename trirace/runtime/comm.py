@@ -10,9 +10,9 @@ thread per communicator, or an order every member agrees on; we keep the former)
 
 | thread            | issues on                          | state it changes (under `cond` unless noted) |
 |-------------------|------------------------------------|-----------------------------------------------|
-| engine (main)     | fwd/bwd P2P, tie, control; dp when blocking | driver (posting, P2P counts, enqueue, deadline, close_step), armed slots |
+| engine (main)     | fwd/bwd P2P, tie, control; dp and norm when blocking or dp = 1 | driver (posting, P2P counts, enqueue, deadline, close_step), armed slots |
 | autograd hooks    | nothing (run on the engine thread on CPU)   | driver (params_ready)                   |
-| trirace-launcher  | dp, hierarchy (asynchronous policies)       | driver (launches), chunk seqs          |
+| trirace-launcher  | dp, hierarchy, norm (asynchronous policies) | driver (launches), chunk seqs          |
 | waiters (sends, chunks) | nothing: they wait and report        | driver (p2p_send_done, chunk_done); stats, link estimates (own locks) |
 """
 
@@ -27,6 +27,7 @@ from ..comm.driver import StageDriver
 from ..obs.timeline import Recorder
 from ..plan import Action, Schedule
 from ..plan.job import StagePlan
+from .gradnorm import GradNorms
 from .groups import Groups, warm_up_pipeline
 from .p2p import PipelineP2P
 from .reduction import Reduction
@@ -53,6 +54,8 @@ class Comm:
                                   micro_batches=schedule.micro_batches, p2p_links=p2p_links,
                                   link_bytes_per_s=self.topo.rates(),
                                   group_size=len(stage.ranks))
+        self.norms = GradNorms(groups.norm, model, groups.stage, groups.layout.pp, groups.replica,
+                               groups.layout.dp, schedule.version_of_step)
         self.reduction = Reduction(self, embedding_method)  # warms up the reduction communicators first
         warm_up_pipeline(groups, device)
         self.p2p = PipelineP2P(self, activation_shape)
@@ -94,3 +97,5 @@ class Comm:
         is waited on (a peer may be gone), the process is about to exit."""
         self.reduction.close(failed)
         self.p2p.close(failed)
+        if not failed:
+            self.norms.drain()

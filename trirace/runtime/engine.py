@@ -7,6 +7,7 @@ step (losses, when its OPT ran) feeds the metrics.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -15,7 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import Diverged
 from ..models import lm_loss
+from ..optim import UpdateRule
 from ..obs.timeline import Recorder
 from ..plan import Action, Op, Schedule
 from ..plan.schedule import p2p_groups
@@ -34,14 +37,18 @@ class StepRecord:
     end_time: float = 0.0
     compute_s: float = 0.0  # wall time in compute actions
     compute_cpu_s: float = 0.0  # CPU time of the engine thread in them (shared cores inflate wall time)
+    grad_norm: float = 0.0  # the global norm of the gradient the update applied (before clipping)
+    lr: float = 0.0
+    skipped: bool = False  # the update was refused (non-finite, --on-nonfinite skip)
 
 
 class Engine:
     def __init__(self, schedule: Schedule, model: StageModel, groups: Groups, comm: Comm, batch: BatchFn,
                  device: torch.device, recorder: Recorder,
                  on_step: Callable[[StepRecord], None] | None = None, delay_s: float = 0.0,
-                 kill_step: int | None = None):
+                 kill_step: int | None = None, rule: UpdateRule | None = None):
         self.sched, self.model, self.g, self.comm, self.batch = schedule, model, groups, comm, batch
+        self.rule = rule or UpdateRule(lr=model.optimizer.param_groups[0]["lr"], steps=schedule.steps)
         self.device, self.rec, self.on_step = device, recorder, on_step
         self.delay_s = delay_s  # an injected straggler: extra time after every forward
         self.kill_step = kill_step  # an injected crash: this process dies when that step starts
@@ -78,7 +85,9 @@ class Engine:
         y = module(x)
         if self.model.is_last:
             loss = lm_loss(y, self.batch(*self._global_index(k))[1].to(self.device))
-            self._record(step).losses.append(loss.item())
+            value = loss.item()
+            self._record(step).losses.append(value)
+            self.comm.norms.loss(step, value)
             y = loss / self.m  # gradients average over micro-batches
         self.outputs[k] = y
         if self.delay_s:
@@ -96,8 +105,17 @@ class Engine:
         self.comm.backward_ends(step, last)
 
     def update(self, step: int) -> None:
+        """OPT: every rank reads the same global norm, so every rank makes the same choice."""
         self.comm.before_update(step)
-        self.model.step(self.sched.version_of_step(step), publish_version=step + 1)
+        norm, bad_loss = self.comm.norms.wait(step)
+        global_step = step + self.model.offset
+        skip = bad_loss or not math.isfinite(norm)
+        if skip and self.rule.on_nonfinite == "stop":
+            raise Diverged(global_step, "non-finite loss" if bad_loss else f"non-finite gradient norm ({norm})")
+        rec = self._record(step)
+        rec.grad_norm, rec.lr, rec.skipped = norm, self.rule.lr_at(global_step), skip
+        self.model.step(self.sched.version_of_step(step), publish_version=step + 1, lr=rec.lr,
+                        scale=1.0 if skip else self.rule.factor(norm), skip=skip)
 
     # ------------------------------------------------------------ driver
 

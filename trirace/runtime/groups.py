@@ -6,7 +6,9 @@ activations from a to b, "bwd/b>a" their gradients back. On each, one rank only 
 the other only receives, in the schedule's order, so receives can be posted ahead without
 ever queueing in front of a send on the same in-order NCCL stream (NVIDIA/nccl#479).
 Small control traffic (metrics, agreed decisions, barriers) goes on a gloo communicator
-over the whole world, which takes CPU tensors under any backend.
+over the whole world, which takes CPU tensors under any backend. The per-step gradient
+norm (gradnorm.py) has a gloo world communicator of its own, "norm": it is issued from
+another thread than the control traffic, and each communicator has one issuing thread.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Groups:
     tie: Communicator | None  # the two ends of my pipeline, when their weights are tied
     hierarchy: Hierarchy | None  # where the plan reduces my stage hierarchically
     p2p: dict[Op, tuple[Communicator, int]] = field(default_factory=dict)  # my transfer ops -> (comm, peer)
+    norm: Communicator | None = None  # the whole world, for the global gradient norm
 
     @property
     def layout(self):
@@ -101,8 +104,10 @@ def make_groups(plan: JobPlan, device: torch.device, control: Communicator) -> G
         if s.hierarchical:
             h = _hierarchy(s.stage, list(s.ranks), plan, comm)
             hierarchy = h if s.stage == stage else hierarchy
+    world = list(range(dist.get_world_size()))
+    norm = Communicator("norm", world, dist.new_group(world, backend="gloo"), torch.device("cpu"), log, timeout)
     return Groups(plan, rank, stage, replica, control, dps[stage] if L.dp > 1 else None,
-                  next((t for t in ties if t is not None), None), hierarchy, p2p)
+                  next((t for t in ties if t is not None), None), hierarchy, p2p, norm)
 
 
 def _hierarchy(stage: int, ranks: list[int], plan: JobPlan, comm) -> Hierarchy | None:

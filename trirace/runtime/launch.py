@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from ..config import TrainConfig
 from .. import preflight
-from ..errors import UsageError
+from ..errors import Diverged, UsageError
+from ..plan.memory import check_memory
 from ..plan.topology import load_topology
 from . import checkpoint
 from .trainer import RankFailed, Trainer, plan_partition, sampler_for
@@ -55,6 +56,8 @@ def train(cfg: TrainConfig) -> list[dict] | None:
         if world != cfg.world_size:
             raise UsageError(f"pp x dp = {cfg.pp} x {cfg.dp} = {cfg.world_size} but torchrun started {world} ranks")
         preflight.train_outputs(cfg)
+        if cfg.memory_check:
+            check_memory(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         backend = resolve_backend(cfg.backend, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -74,6 +77,10 @@ def train(cfg: TrainConfig) -> list[dict] | None:
         except RankFailed as e:
             print(f"trirace: {e}", file=sys.stderr, flush=True)
             os._exit(1)  # not destroy_process_group: it may wait on a dead peer
+        except Diverged as e:  # every rank stops at the same update
+            if dist.get_rank() == 0:
+                print(f"trirace: {e}", file=sys.stderr, flush=True)
+            os._exit(Diverged.EXIT_STATUS)  # posted receives will never complete: no destroy
         dist.destroy_process_group()
         return rows
     return run_local([cfg])[0]
@@ -83,6 +90,8 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
     """Work done once before spawning: validate the data (and build its token cache) and fix
     the partition, so the workers all load the same cache and cut the same stages."""
     preflight.train_outputs(cfg)
+    if cfg.memory_check:  # before anything builds the model (a time-balanced partition would)
+        check_memory(cfg, cfg.world_size)
     if cfg.topology is not None:
         load_topology(cfg.topology).check(cfg.world_size)
     sampler = sampler_for(cfg)
@@ -145,11 +154,27 @@ def _supervise(procs: list[subprocess.Popen], timeout_s: float | None, tmp: Path
             rank, code = exits.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             raise WorkerFailed(f"job did not finish within {timeout_s} s") from None
+        if code == Diverged.EXIT_STATUS and (note := tmp / f"diverged-{rank}").exists():
+            # Every rank stops at this update: let the others finish writing (metrics of the
+            # steps before it) rather than kill them; _stop() ends any that do not.
+            _drain(exits, len(procs) - 1, grace_s=30.0)
+            found = json.loads(note.read_text())
+            raise Diverged(found["step"], found["what"])
         if code != 0:
             done = tmp / f"progress-{rank}"  # the step of its latest forward
             step = int(done.read_text()) if done.exists() else 0
             how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
             raise WorkerFailed(f"rank {rank} {how} during step {step}; stopped the other ranks")
+
+
+def _drain(exits: queue.Queue, n: int, grace_s: float) -> None:
+    """Wait up to grace_s for n more workers to exit, whatever their status."""
+    deadline = time.monotonic() + grace_s
+    for _ in range(n):
+        try:
+            exits.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:

@@ -63,6 +63,8 @@ class Reduction:
             self.c.driver.backward_begins(step)
 
     def backward_ends(self, step: int, last: bool) -> None:
+        if last and self.g.dp is None:  # no replicas: the gradient is final now
+            self.c.norms.ready(step)
         if self.asynchronous and last:
             with self.c.cond:
                 self.armed.pop(self.model.slot_of(self.sched.version_of_step(step)), None)
@@ -93,17 +95,28 @@ class Reduction:
         try:
             while self.error is None:
                 with self.c.cond:
-                    while not self.stopping and not (batch := self.c.driver.launches(time.perf_counter())):
+                    while not self.stopping and (norm := self._norm_due()) is None \
+                            and not (batch := self.c.driver.launches(time.perf_counter())):
                         wake = self.c.driver.wake_at()  # a held chunk is reconsidered then, or on any event
                         self.c.cond.wait(None if wake is None else max(wake - time.perf_counter(), 1e-4))
                     if self.stopping:
                         return
+                if norm is not None:  # the step is summed over replicas: its norm goes before more chunks
+                    self.c.norms.ready(norm)
+                    with self.c.cond:
+                        self.c.cond.notify_all()  # the engine may be waiting for it at AR
+                    continue
                 for c in batch:
                     self._launch(c)
         except BaseException as e:  # surfaced to the engine at its next wait
             with self.c.cond:
                 self.error = e
                 self.c.cond.notify_all()
+
+    def _norm_due(self) -> int | None:
+        """The next step whose every chunk is done but whose norm is not issued (under cond)."""
+        step, driver = self.c.norms.next, self.c.driver
+        return step if step in driver.pending and driver.reduced(step) else None
 
     def _launch(self, c: Chunk) -> None:
         self.c.log.follows(self.after.get(c.step, []))
@@ -167,7 +180,9 @@ class Reduction:
                 with self.c.cond:
                     driver.deadline(step, time.perf_counter())
                     self.c.cond.notify_all()
-                    if not self.c.cond.wait_for(lambda: self.error is not None or driver.reduced(step),
+                    # The norm reads the summed gradient before this thread divides it.
+                    if not self.c.cond.wait_for(lambda: self.error is not None or (driver.reduced(step)
+                                                                                   and self.c.norms.issued(step)),
                                                 timeout=self.c.timeout_s):
                         raise TimeoutError(f"step {step}'s gradient reduction made no progress in "
                                            f"{self.c.timeout_s:.0f} s")
@@ -186,6 +201,7 @@ class Reduction:
                     driver.chunk_done(ch)
                     self.c.stats.add(step, transfers=1)
                 chunks, kind = driver.close_step(step)
+                self.c.norms.ready(step)
             self.model.flat_grad(version).div_(self.g.layout.dp)
             if self.model.table is not None and driver.sparse_param is None:  # dense method: the table rode along
                 n = self.g.layout.dp

@@ -19,11 +19,12 @@ from torch import nn
 
 from ..models import ModelSpec, build_layers, layer_names
 from ..models.build import tie_in_place
+from ..optim import make_optimizer
 
 
 class StageModel:
     def __init__(self, spec: ModelSpec, layers: range, seed: int, n_versions: int, optimizer: str,
-                 lr: float, device: torch.device):
+                 lr: float, device: torch.device, weight_decay: float = 0.0):
         self.layers = layers
         self.is_first = layers.start == 0
         self.is_last = layers.stop == len(layer_names(spec))
@@ -46,10 +47,7 @@ class StageModel:
                 p.grad = flat[offset:offset + p.numel()].view_as(p)
                 offset += p.numel()
         self.master = [nn.Parameter(p.detach().clone()) for p in self.versions[0].parameters()]
-        if optimizer == "adam":
-            self.optimizer: torch.optim.Optimizer = torch.optim.Adam(self.master, lr=lr)
-        else:
-            self.optimizer = torch.optim.SGD(self.master, lr=lr)
+        self.optimizer = make_optimizer(self.master, optimizer, lr, weight_decay)
 
     @staticmethod
     def _layers(spec: ModelSpec, seed: int, layers: range) -> list[nn.Module]:
@@ -91,12 +89,20 @@ class StageModel:
                 p.register_post_accumulate_grad_hook(lambda _p, s=slot, i=i: callback(s, i))
 
     @torch.no_grad()
-    def step(self, version: int, publish_version: int) -> None:
-        """Apply the (already averaged) gradients of `version` to the master weights and
-        publish the result as `publish_version`, whose buffer's gradients start from zero."""
-        for m, p in zip(self.master, self.module(version).parameters()):
-            m.grad = p.grad
-        self.optimizer.step()
+    def step(self, version: int, publish_version: int, lr: float | None = None, scale: float = 1.0,
+             skip: bool = False) -> None:
+        """Apply the (already averaged) gradients of `version`, times `scale` (the clip), to
+        the master weights at learning rate `lr`, and publish the result as
+        `publish_version`, whose buffer's gradients start from zero. `skip` publishes the
+        master weights unchanged (an update refused for a non-finite gradient)."""
+        if not skip:
+            if scale != 1.0:
+                self.flat_grad(version).mul_(scale)
+            for group in self.optimizer.param_groups:
+                group["lr"] = group["lr"] if lr is None else lr
+            for m, p in zip(self.master, self.module(version).parameters()):
+                m.grad = p.grad
+            self.optimizer.step()
         for m, p in zip(self.master, self.module(publish_version).parameters()):
             p.copy_(m)
             m.grad = None

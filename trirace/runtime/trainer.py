@@ -14,7 +14,8 @@ from tqdm import tqdm
 
 from ..config import TrainConfig
 from ..data import BatchSampler, load_tokens
-from ..errors import UsageError
+from ..errors import Diverged, UsageError
+from ..optim import UpdateRule
 from ..comm.autotune import Tuner
 from ..comm.policies import MiB
 from ..obs.timeline import Recorder, write_trace
@@ -104,7 +105,8 @@ class Trainer:
         stage = self.plan.stages[self.groups.stage]
         self.schedule = self.plan.schedule
         self.model = StageModel(cfg.spec, stage.layers, cfg.seed, n_versions=self.schedule.staleness + 1,
-                                optimizer=cfg.optimizer, lr=cfg.learning_rate, device=self.device)
+                                optimizer=cfg.optimizer, lr=cfg.learning_rate, device=self.device,
+                                weight_decay=cfg.decay)
         self.model.offset = self.first_step
         if (tuple(self.model.numels), self.model.tied) != (stage.numels, stage.tied_param):
             raise RuntimeError(f"stage {stage.stage}'s modules disagree with the job plan's parameter layout")
@@ -149,13 +151,19 @@ class Trainer:
             engine = Engine(self.schedule, self.model, g, comm, batch_fn(cfg, self.sampler), self.device, rec,
                             on_step=on_step,
                             delay_s=cfg.straggler[1] if cfg.straggler and cfg.straggler[0] == g.rank else 0.0,
-                            kill_step=cfg.kill[1] if cfg.kill and cfg.kill[0] == g.rank and not _restarted() else None)
+                            kill_step=cfg.kill[1] if cfg.kill and cfg.kill[0] == g.rank and not _restarted() else None,
+                            rule=UpdateRule.of(cfg))
             g.control.barrier()
             t_start = metrics.last_end = rec.now()
             if report:
                 report.start(t_start)
             try:
                 engine.run(self.schedule.actions[g.stage])
+            except Diverged:  # every rank, at the same update: not a failure of this rank
+                metrics.flush()  # the steps before it (their all-reduces were issued by every rank)
+                if report:
+                    report.close()
+                raise
             except Exception as e:  # a peer died or stalled: say who and where, then fail
                 raise RankFailed(f"rank {g.rank} (stage {g.stage}, replica {g.replica}) stopped during step "
                                  f"{max(engine.step_now, 0)}: {type(e).__name__}: "
@@ -175,7 +183,8 @@ class _StepMetrics:
     hold the pipeline back."""
 
     FIELDS = ("loss", "exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s", "transfers",
-              "comm_cpu_s", "step_time_s", "embedding_bytes", "embedding_method", "early_chunks")
+              "comm_cpu_s", "step_time_s", "embedding_bytes", "embedding_method", "early_chunks", "grad_norm", "lr",
+              "skipped")
     METHODS = ("dense", "allgather", "alltoall")  # embedding_method is sent as 1 + its index
     LAG = 2
 
@@ -196,7 +205,10 @@ class _StepMetrics:
         vec = torch.zeros(nf + 3 * world, dtype=torch.float64)
         vec[:nf] = torch.tensor([loss, exposed.get("p2p", 0.0), exposed.get("allreduce", 0.0),
                                  exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s,
-                                 window, st["embedding_bytes"], method, st["early_chunks"]], dtype=torch.float64)
+                                 window, st["embedding_bytes"], method, st["early_chunks"], 0.0, 0.0, 0.0],
+                                dtype=torch.float64)
+        if self.g.is_reporter:  # the same on every rank: one writes them
+            vec[nf - 3:nf] = torch.tensor([rec.grad_norm, rec.lr, float(rec.skipped)], dtype=torch.float64)
         # Slots per rank (a sum in which each rank fills its own slot is a gather).
         vec[nf + self.g.rank] = rec.compute_cpu_s
         if self.model.tied is not None:
@@ -223,7 +235,9 @@ class _StepMetrics:
         if self.report is None:
             return
         row = {"loss": v["loss"] / self.cfg.dp,  # only last-stage ranks contribute a loss
-               "comm_policy": self.cfg.comm_policy}
+               "comm_policy": self.cfg.comm_policy, "lr": v["lr"], "skipped": bool(v["skipped"]),
+               # With a table tied across stages each end's norm holds only its own part of the tied gradient.
+               "grad_norm": None if self.cfg.spec.tie_embeddings and self.cfg.pp > 1 else v["grad_norm"]}
         for k in ("exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s"):
             row[k] = v[k] / world  # mean per rank
         row["rank_compute_cpu_s"] = per_rank
@@ -295,10 +309,13 @@ class _Reporter:
         self.bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
         self.bar.update()
 
-    def finish(self) -> list[dict]:
+    def close(self) -> None:
         self.bar.close()
         if self.out:
             self.out.close()
+
+    def finish(self) -> list[dict]:
+        self.close()
         steady = self.rows[1:] or self.rows  # the first step includes warm-up
         mean_dt = sum(r["step_time_s"] for r in steady) / len(steady)
         print(f"done: {self.cfg.model} {self.cfg.schedule} {self.cfg.comm_policy} pp={self.cfg.pp} dp={self.cfg.dp} "

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import TrainConfig
+from ..errors import Diverged
 from .trainer import RankFailed, Trainer
 
 
@@ -52,6 +53,9 @@ def main(argv: list[str]) -> int:
     except RankFailed as e:
         print(f"trirace: {e}", file=sys.stderr, flush=True)
         os._exit(1)
+    except Diverged as e:  # every rank stops at the same update; the launcher prints the line
+        (out / f"diverged-{rank}").write_text(json.dumps({"step": e.step, "what": e.what}))
+        os._exit(Diverged.EXIT_STATUS)  # not destroy_process_group: posted receives will never complete
     except Exception:
         traceback.print_exc()
         sys.stderr.flush()

@@ -1,4 +1,4 @@
-"""How long each layer computes and how much memory a stage holds, without running it.
+"""How long each layer computes, without running it (memory: plan/memory.py).
 
 Time comes from a calibration (per-layer forward and backward seconds measured where it
 will run, `trirace profile`) or else from a FLOP count over the device's achieved rate.
@@ -19,7 +19,7 @@ from ..models.build import layer_param_numels
 from .calibration import Calibration
 from .cluster import Device
 
-OPT_BYTES_PER_PARAM = {"adam": 36, "sgd": 16}
+OPT_BYTES_PER_PARAM = {"adam": 36, "adamw": 36, "sgd": 16}
 
 
 def layer_flops(spec: ModelSpec, batch: int, seq: int) -> list[float]:
@@ -50,27 +50,3 @@ class ComputeModel:
     def stage(self, layers: range) -> tuple[float, list[float]]:
         """(forward seconds of the stage, backward seconds per layer in backward order)."""
         return sum(self.forward_s[i] for i in layers), [self.backward_s[i] for i in reversed(layers)]
-
-
-def stage_memory(spec: ModelSpec, layers: range, batch: int, seq: int, in_flight: int, versions: int,
-                 optimizer: str = "adam") -> dict[str, float]:
-    """Peak bytes one rank of the stage holds: weight versions, their gradient buffers, the
-    optimizer's master copy and state, and the activations of `in_flight` micro-batches
-    kept for their backward (fp32; per block about 16*b*s*d values plus the b*h*s^2
-    attention scores, the head keeps its logits and their softmax)."""
-    params = sum(sum(layer_param_numels(spec)[i]) for i in layers)
-    d, h, v = spec.d_model, spec.n_heads, spec.vocab_size
-    names = layer_names(spec)
-    per_mb = 0.0
-    for i in layers:
-        if names[i].startswith("block"):
-            per_mb += 16 * batch * seq * d + batch * h * seq * seq
-        elif names[i].endswith("head"):
-            per_mb += 2 * batch * seq * v + batch * seq * d
-        else:
-            per_mb += batch * seq * d
-    state = {"adam": 3, "sgd": 1}[optimizer]  # master copy (+ two moments)
-    out = {"weights": 4.0 * params * versions, "gradients": 4.0 * params * versions,
-           "optimizer": 4.0 * params * state, "activations": 4.0 * per_mb * in_flight}
-    out["total"] = sum(out.values())
-    return out

@@ -29,7 +29,8 @@ from ..plan.topology import Topology
 from ..plan.transfers import Chunk, Kind
 from .calibration import Calibration
 from .cluster import Cluster
-from .compute import ComputeModel, stage_memory
+from ..plan.memory import stage_memory
+from .compute import ComputeModel
 from .executor import Phase, Simulation, StageWork
 from .fabric import Fabric
 
@@ -143,7 +144,8 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     bound = _bound(cfg, plan, cluster, stages, table_sent(cfg, plan, rows))
     versions = sched.staleness + 1
     mem = [stage_memory(spec, layers, cfg.micro_batch_size, cfg.tokens_seq, r.peak_in_flight, versions,
-                        cfg.optimizer)["total"] / 1e9 for layers, r in zip(stage_ranges(sizes), sim.ranks)]
+                        cfg.optimizer, cfg.precision, cfg.recompute)["total"] / 1e9
+           for layers, r in zip(stage_ranges(sizes), sim.ranks)]
     if trace_out is not None:
         _trace(sim, trace_out, cfg)
     chunk = stages[0].policy.partition_bytes

@@ -1,0 +1,82 @@
+"""The update rule's pieces that are pure functions of the configuration: the optimizer,
+the learning rate of each step, and the clipping factor of a gradient norm. The runtime,
+the single-process references in the tests and the simulator's memory model all use
+these, so a schedule or a clip means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+# Bytes of optimizer state per parameter beyond the fp32 master copy: Adam and AdamW keep
+# two moments; plain SGD (no momentum here) keeps nothing.
+STATE_VALUES = {"adam": 2, "adamw": 2, "sgd": 0}
+
+
+def make_optimizer(params: Iterable[torch.nn.Parameter], optimizer: str, lr: float,
+                   weight_decay: float) -> torch.optim.Optimizer:
+    """torch's own implementations, one parameter group."""
+    if optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {optimizer!r}")
+
+
+def lr_at(step: int, lr: float, steps: int, schedule: str = "constant", warmup_steps: int = 0,
+          min_lr: float = 0.0) -> float:
+    """The learning rate of update `step` (0-based) in a run of `steps` updates.
+
+    Warm-up rises linearly, lr * (step + 1) / warmup_steps, so the first update is not a
+    zero step. After it, `constant` holds lr; `linear` and `cosine` fall from lr to min_lr,
+    reaching it at the last update (the Megatron and nanoGPT convention)."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    if schedule == "constant":
+        return lr
+    span = steps - 1 - warmup_steps
+    progress = 1.0 if span <= 0 else min(1.0, (step - warmup_steps) / span)
+    if schedule == "linear":
+        return min_lr + (lr - min_lr) * (1.0 - progress)
+    if schedule == "cosine":
+        return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown lr schedule {schedule!r}")
+
+
+def clip_factor(norm: float, max_norm: float | None) -> float:
+    """What gradients are multiplied by so their global norm is at most max_norm (1.0 when
+    it already is, or when clipping is off). The same formula as torch's clip_grad_norm_."""
+    if max_norm is None:
+        return 1.0
+    return min(1.0, max_norm / (norm + 1e-6))
+
+
+@dataclass(frozen=True)
+class UpdateRule:
+    """What an update does with a step's averaged gradient, beyond the optimizer itself."""
+
+    lr: float
+    steps: int
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    clip: float | None = None
+    on_nonfinite: str = "stop"  # or "skip"
+
+    @classmethod
+    def of(cls, cfg) -> "UpdateRule":
+        """From a TrainConfig."""
+        return cls(cfg.learning_rate, cfg.steps, cfg.lr_schedule, cfg.warmup_steps, cfg.min_lr, cfg.clip_grad,
+                   cfg.on_nonfinite)
+
+    def lr_at(self, step: int) -> float:
+        return lr_at(step, self.lr, self.steps, self.schedule, self.warmup_steps, self.min_lr)
+
+    def factor(self, norm: float) -> float:
+        return clip_factor(norm, self.clip)

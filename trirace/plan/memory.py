@@ -1,0 +1,140 @@
+"""How much memory a rank will hold, estimated from shapes alone (no tensors), and the
+pre-check that refuses a job that cannot fit before any process starts.
+
+The simulator reports the same figures (sim/run.py): one function, two users.
+
+What a rank of stage s holds at its peak:
+- weights: one fp32 copy per weight version (two under 2BW), and as many gradient buffers;
+- the optimizer: an fp32 master copy, plus Adam's two moments;
+- activations kept for backward, for each micro-batch in flight. Per block about 16*b*s*d
+  values plus the b*h*s^2 attention scores; the head keeps its logits and their softmax.
+  With recomputation a block keeps only its input, and one micro-batch's block is rebuilt
+  at a time. Under bf16 autocast the block's values are 2 bytes (the head's softmax stays
+  fp32);
+- the process itself (interpreter, torch, communicator buffers): RUNTIME_BYTES, measured as
+  the resident size of a gpt-test rank here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from ..models import ModelSpec, layer_names
+from ..models.build import layer_param_numels
+from ..optim import STATE_VALUES
+from .partition import balance, stage_ranges
+
+RUNTIME_BYTES = 400 * 2**20
+GiB = 2**30
+
+
+def stage_memory(spec: ModelSpec, layers: range, batch: int, seq: int, in_flight: int, versions: int,
+                 optimizer: str = "adam", precision: str = "fp32", recompute: bool = False) -> dict[str, float]:
+    """Peak bytes of one rank of the stage, by part, and their "total" (without the runtime)."""
+    params = sum(sum(layer_param_numels(spec)[i]) for i in layers)
+    d, h, v = spec.d_model, spec.n_heads, spec.vocab_size
+    block_bytes = 2 if precision == "bf16" else 4
+    names = layer_names(spec)
+    kept = rebuilt = 0.0  # bytes per micro-batch in flight; one block rebuilt in backward
+    for i in layers:
+        if names[i].startswith("block"):
+            full = (16 * batch * seq * d + batch * h * seq * seq) * block_bytes
+            kept += 4 * batch * seq * d if recompute else full
+            rebuilt = max(rebuilt, full if recompute else 0.0)
+        elif names[i].endswith("head"):
+            kept += 4 * (2 * batch * seq * v + batch * seq * d)
+        else:
+            kept += 4 * batch * seq * d
+    out = {"weights": 4.0 * params * versions, "gradients": 4.0 * params * versions,
+           "optimizer": 4.0 * params * (1 + STATE_VALUES[optimizer]), "activations": kept * in_flight + rebuilt}
+    out["total"] = sum(out.values())
+    return out
+
+
+def peak_in_flight(schedule: str, n_stages: int, stage: int, micro_batches: int) -> int:
+    """Micro-batches whose activations a stage holds at once: all of them under GPipe,
+    the warm-up depth plus one under 1F1B and 2BW."""
+    return micro_batches if schedule == "gpipe" else min(n_stages - stage, micro_batches)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    per_rank: list[float]  # bytes, per stage (every replica of a stage holds the same)
+    budget: float  # bytes a rank may use here
+    where: str  # what the budget is
+
+    @property
+    def peak(self) -> float:
+        return max(self.per_rank)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.budget
+
+
+def estimate(cfg, budget: float, where: str, **changes) -> Estimate:
+    """Per-rank peak of `cfg` (a TrainConfig) with `changes` applied (e.g. recompute=True)."""
+    get = lambda k: changes.get(k, getattr(cfg, k))  # noqa: E731
+    pp = get("pp")
+    sizes = list(cfg.partition) if cfg.partition is not None and pp == cfg.pp else \
+        balance([float(sum(n)) for n in layer_param_numels(cfg.spec)], pp)
+    versions = 2 if cfg.schedule == "2bw" else 1
+    per = [stage_memory(cfg.spec, layers, cfg.micro_batch_size, cfg.tokens_seq,
+                        peak_in_flight(cfg.schedule, pp, s, cfg.micro_batches), versions, cfg.optimizer,
+                        get("precision"), get("recompute"))["total"] + RUNTIME_BYTES
+           for s, layers in enumerate(stage_ranges(sizes))]
+    return Estimate(per, budget, where)
+
+
+def host_budget(local_ranks: int) -> tuple[float, str]:
+    """(bytes per rank, what that is) on this machine: a CUDA device's free memory when
+    ranks run on GPUs, else the host's available memory shared by its local ranks."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks:
+            free, _ = torch.cuda.mem_get_info()
+            return float(free), "free memory of a CUDA device"
+    except (ImportError, RuntimeError):
+        pass
+    available = _meminfo("MemAvailable") or float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return available / local_ranks, f"available host memory / {local_ranks} local rank(s)"
+
+
+def _meminfo(key: str) -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(cfg, local_ranks: int, budget: tuple[float, str] | None = None) -> Estimate:
+    """Raise UsageError (one line) when the job's estimated peak per rank exceeds what a
+    rank has here, naming what would make it fit. Returns the estimate otherwise."""
+    bytes_, where = budget or host_budget(local_ranks)
+    est = estimate(cfg, bytes_, where)
+    if est.fits:
+        return est
+    stage = est.per_rank.index(est.peak)
+    helps = []
+    for flag, change in (("--recompute", {"recompute": True}), ("--precision bf16", {"precision": "bf16"}),
+                         ("--recompute --precision bf16", {"recompute": True, "precision": "bf16"})):
+        if not all(getattr(cfg, k) == v for k, v in change.items()) and estimate(cfg, bytes_, where, **change).fits:
+            helps.append(flag)
+            break
+    n_layers = len(layer_names(cfg.spec))
+    for pp in (2 * cfg.pp, 4 * cfg.pp, 8 * cfg.pp):  # more stages: fits when each node brings its own memory
+        if pp <= n_layers and estimate(cfg, bytes_, where, pp=pp).fits:
+            helps.append(f"--pp {pp} on {pp // cfg.pp}x the machines")
+            break
+    advice = ("; " + " or ".join(helps) + " would fit") if helps else \
+        "; neither --recompute, --precision bf16 nor more stages would fit it: use a smaller model"
+    raise UsageError(f"{cfg.model} needs about {est.peak / GiB:.1f} GiB per rank (stage {stage} of {cfg.pp}) but "
+                     f"{where} is {bytes_ / GiB:.1f} GiB: {(est.peak - bytes_) / GiB:.1f} GiB over{advice} "
+                     "(--no-memory-check to try anyway)")

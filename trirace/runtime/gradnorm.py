@@ -1,0 +1,91 @@
+"""Each step's global gradient norm, agreed by every rank before its update.
+
+Clipping needs the norm over all stages and replicas, and the divergence guard needs every
+rank to make the same stop-or-skip decision. Both ride on one small all-reduce per step on
+the "norm" communicator (gloo, the whole world): a vector with one slot per stage, where
+replica 0 of each stage writes the squared norm of that stage's averaged gradient, plus one
+slot counting non-finite losses. A sum in which each slot has one writer is exact, so
+every rank reads the same figures and computes the same factor, bit for bit, whatever the
+communication policy did before.
+
+When it is issued is what keeps it from deadlocking a pipeline without a flush. A stage's
+contribution goes out as soon as its gradient of the step is summed over its replicas: at
+the end of the step's last backward when there are no replicas, when the blocking
+policy's in-line reduction ends, or, for asynchronous policies, from the launcher thread
+once every chunk of the step is done. None of these waits for a later action of the
+engine. Only the update (OPT) waits for the result, and with OPT at its deadline every
+stage's contribution needs only actions that precede every stage's OPT (`validate` with
+`global_update=True` proves it for the schedule in use).
+
+One thread per rank issues on the communicator (the engine, or the launcher), in step
+order; `ready()` issues strictly in order even if asked out of order.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+
+from .comms import Communicator, Handle
+from .stage import StageModel
+
+
+class GradNorms:
+    def __init__(self, comm: Communicator, model: StageModel, stage: int, n_stages: int, replica: int,
+                 replicas: int, version_of_step):
+        self.comm, self.model, self.stage, self.n_stages = comm, model, stage, n_stages
+        self.replica, self.replicas, self.version_of_step = replica, replicas, version_of_step
+        self.lock = threading.Lock()
+        self.next = 0  # the next step to issue
+        self.ready_steps: set[int] = set()
+        self.handles: dict[int, tuple[torch.Tensor, Handle]] = {}
+        self.bad_losses: dict[int, int] = {}
+
+    def loss(self, step: int, value: float) -> None:
+        """A last-stage forward's loss (engine thread, before the step's contribution)."""
+        if not math.isfinite(value):
+            with self.lock:
+                self.bad_losses[step] = self.bad_losses.get(step, 0) + 1
+
+    def issued(self, step: int) -> bool:
+        with self.lock:
+            return step < self.next
+
+    def ready(self, step: int) -> None:
+        """Step `step`'s gradient, summed over replicas, is final here: issue its
+        contribution, and any later ones already final, in step order."""
+        with self.lock:
+            self.ready_steps.add(step)
+            while self.next in self.ready_steps:
+                self.ready_steps.discard(self.next)
+                self._issue(self.next)
+                self.next += 1
+
+    def _issue(self, step: int) -> None:
+        vec = torch.zeros(self.n_stages + 1, dtype=torch.float64)
+        if self.replica == 0:
+            flat = self.model.flat_grad(self.version_of_step(step))
+            # A sum over replicas, not yet their mean: divided here, so the figure does not
+            # depend on whether the engine has divided the buffer yet.
+            norm = torch.linalg.vector_norm(flat, dtype=torch.float64).item() / self.replicas
+            vec[self.stage] = norm * norm
+        vec[self.n_stages] = float(self.bad_losses.pop(step, 0))
+        self.handles[step] = (vec, self.comm.all_reduce(vec))
+
+    def wait(self, step: int) -> tuple[float, bool]:
+        """(global norm, whether the loss was non-finite anywhere) of step `step` (OPT)."""
+        with self.lock:
+            vec, handle = self.handles.pop(step)
+        handle.wait()
+        total = sum(vec[: self.n_stages].tolist())  # the same order on every rank
+        return math.sqrt(total), vec[self.n_stages].item() > 0
+
+    def drain(self) -> None:
+        """Wait on whatever is still in flight (a run's last steps), so nothing is left unwaited."""
+        with self.lock:
+            left = list(self.handles.values())
+            self.handles.clear()
+        for _, handle in left:
+            handle.wait()
