@@ -54,8 +54,8 @@ def _batch_grad(cfg: TrainConfig, model, batch, step: int) -> float:
     return sum(losses) / n
 
 
-def train_sync(cfg: TrainConfig) -> list[float]:
-    """W(t+1) = W(t) - lr * grad f(W(t))."""
+def train_sync(cfg: TrainConfig, after_update=None) -> list[float]:
+    """W(t+1) = W(t) - lr * grad f(W(t)). `after_update(t, model)` sees W(t+1)."""
     torch.set_num_threads(1)
     model = build_model(cfg.spec, cfg.seed)
     opt = _optimizer(cfg, model.parameters())
@@ -65,7 +65,17 @@ def train_sync(cfg: TrainConfig) -> list[float]:
         out.append(_batch_grad(cfg, model, batch, t))
         _update(cfg, opt, list(model.parameters()), t)
         opt.zero_grad(set_to_none=True)
+        if after_update:
+            after_update(t, model)
     return out
+
+
+@torch.no_grad()
+def held_out_loss(cfg: TrainConfig, model) -> float:
+    """Mean loss over the evaluation micro-batches every replica together evaluates."""
+    batch = batch_fn(cfg, sampler_for(cfg, held_out=True))
+    n = cfg.dp * cfg.eval_batches
+    return sum(lm_loss(model(x), y).item() for x, y in (batch(0, i) for i in range(n))) / n
 
 
 def train_2bw(cfg: TrainConfig) -> list[float]:

@@ -33,9 +33,11 @@ class StageDriver:
     def __init__(self, policy: Policy, numels: list[int], chunk_link: str, actions: tuple[Action, ...],
                  reduces: bool, sparse_param: int | None = None, tuner=None, micro_batches: int = 1,
                  p2p_links: dict[Op, str] | None = None, link_bytes_per_s: dict[str, float] | None = None,
-                 group_size: int = 2):
+                 group_size: int = 2, elem_size: int = 4):
         """`p2p_links`: the link class each P2P op of this stage crosses; `link_bytes_per_s`:
-        each link class's rate as every rank agrees on it (the probe's broadcast figures)."""
+        each link class's rate as every rank agrees on it (the probe's broadcast figures);
+        `elem_size`: bytes per gradient value on the wire (chunks are sized in bytes)."""
+        self.elem_size = elem_size
         self.policy, self.numels, self.sparse_param, self.tuner = policy, numels, sparse_param, tuner
         self.rates = link_bytes_per_s or {}
         self.forecast = P2PForecast(actions, micro_batches, p2p_links or {})
@@ -102,8 +104,8 @@ class StageDriver:
     def plan(self, step: int) -> list[Chunk]:
         if step not in self.chunks:
             p = self.policy_for(step)
-            elems = None if p.partition_bytes is None else p.partition_bytes // 4
-            self.chunks[step] = plan_reduction(step, self.numels, elems, p.chunk_order,
+            elems = None if p.partition_bytes is None else p.partition_bytes // self.elem_size
+            self.chunks[step] = plan_reduction(step, self.numels, elems, p.chunk_order, self.elem_size,
                                                sparse_param=self.sparse_param)
         return self.chunks[step]
 

@@ -3,7 +3,7 @@
 from trirace.data.corpus import STDLIB, STDLIB_MAX_BYTES, discover
 from trirace.data.dataset import (
     IGNORE_INDEX, SYNTHETIC, BatchSampler, TokenStream, default_cache_dir, load_tokens,
-    synthetic_stream,
+    split_held_out, synthetic_stream,
 )
 from trirace.data.tokenizer import (
     EOT, EOT_ID, MASK, MASK_ID, MIN_VOCAB_SIZE, PAD, PAD_ID, SPECIAL_TOKENS, load_tokenizer,
@@ -12,7 +12,7 @@ from trirace.data.tokenizer import (
 __all__ = [
     "STDLIB", "STDLIB_MAX_BYTES", "discover",
     "IGNORE_INDEX", "SYNTHETIC", "BatchSampler", "TokenStream", "default_cache_dir",
-    "load_tokens", "synthetic_stream",
+    "load_tokens", "split_held_out", "synthetic_stream",
     "EOT", "EOT_ID", "MASK", "MASK_ID", "MIN_VOCAB_SIZE", "PAD", "PAD_ID", "SPECIAL_TOKENS",
     "load_tokenizer",
 ]

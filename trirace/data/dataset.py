@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -91,6 +91,21 @@ def synthetic_stream(vocab_size: int, num_tokens: int = SYNTHETIC_TOKENS) -> Tok
     # Inverse-CDF sampling; clamp guards u landing past the last cdf value.
     idx = torch.searchsorted(cdf, u).clamp_(max=vocab_size - first - 1)
     return TokenStream(ids=(idx + first).to(torch.int32), vocab_size=vocab_size)
+
+
+HELD_OUT = 0.05  # the tail of a corpus that evaluation reads and training does not
+
+
+def split_held_out(stream: TokenStream, seq_len: int) -> tuple[TokenStream, TokenStream]:
+    """(training head, held-out tail): the last HELD_OUT of the tokens, and at least one
+    window's worth, are kept for validation. One contiguous cut, so no window of either
+    part overlaps the other."""
+    tail = max(int(len(stream) * HELD_OUT), seq_len + 1)
+    if len(stream) - tail < seq_len + 1:
+        raise DataError(f"corpus has {len(stream)} tokens: too few to hold out {tail} for evaluation "
+                        f"and still train on windows of {seq_len + 1}; use more text or no --eval-every")
+    cut = len(stream) - tail
+    return replace(stream, ids=stream.ids[:cut]), replace(stream, ids=stream.ids[cut:])
 
 
 def _mix_seed(seed: int, step: int, index: int) -> int:

@@ -230,20 +230,22 @@ def schedule_for_policy(sched: Schedule, defers_updates: bool, tied_across_stage
         out = defer_updates(sched, (Op.OPT,))
     else:
         out = sched
-    if global_update:
-        validate(out, global_update=True)
+    if global_update:  # and the evaluation pass after OPT, whether or not this job runs one
+        validate(out, global_update=True, chained_update=True)
     return out
 
 
 # ---------------------------------------------------------------- validation
 
 
-def validate(sched: Schedule, global_update: bool = False) -> None:
+def validate(sched: Schedule, global_update: bool = False, chained_update: bool = False) -> None:
     """Raise ScheduleError naming the first problem; return quietly if the schedule is sound.
 
     `global_update`: each OPT also waits for a figure from every stage that each stage has
     once the step's last backward ran (the global gradient norm of clipping and of the
-    divergence guard). Checked by the same progress rule as the transfers."""
+    divergence guard). `chained_update`: each stage's OPT also waits for the previous
+    stage's OPT of the step (an evaluation pass run right after the update, whose
+    activations come from upstream). Both are checked by the transfers' progress rule."""
     d, m = sched.n_stages, sched.micro_batches
     if sched.kind not in KINDS:
         raise ScheduleError(f"unknown schedule {sched.kind!r}; choose from {', '.join(KINDS)}")
@@ -255,7 +257,7 @@ def validate(sched: Schedule, global_update: bool = False) -> None:
         raise ScheduleError(f"schedule declares {d} stages but lists actions for {len(sched.actions)}")
     for s, acts in enumerate(sched.actions):
         _check_stage(sched, s, acts)
-    _check_transfers(sched, global_update)
+    _check_transfers(sched, global_update, chained_update)
 
 
 def _check_stage(sched: Schedule, s: int, acts: tuple[Action, ...]) -> None:
@@ -301,7 +303,7 @@ def _check_stage(sched: Schedule, s: int, acts: tuple[Action, ...]) -> None:
             before(Action(Op.OPT, t - 1), Action(Op.OPT, t), "updates apply in order")
 
 
-def _check_transfers(sched: Schedule, global_update: bool = False) -> None:
+def _check_transfers(sched: Schedule, global_update: bool = False, chained_update: bool = False) -> None:
     """Every send has its receive in the same order, and executing the lists with the
     runtime's semantics (a run of adjacent transfers is posted together and completes
     when each has a posted partner) makes progress to the end on every stage."""
@@ -339,6 +341,7 @@ def _check_transfers(sched: Schedule, global_update: bool = False) -> None:
         ordinal.append(ordi)
     is_posted = [False] * d
     backwards_done: dict[int, int] = {}  # step -> stages past its last backward
+    updated: set[tuple[int, int]] = set()  # (stage, step) past its OPT
     progress = True
     while progress:
         progress = False
@@ -346,8 +349,12 @@ def _check_transfers(sched: Schedule, global_update: bool = False) -> None:
             if pc[s] == len(runs[s]):
                 continue
             run = runs[s][pc[s]]
-            if global_update and run[0].op is Op.OPT and backwards_done.get(run[0].index, 0) < d:
-                continue
+            if run[0].op is Op.OPT:
+                t = run[0].index
+                if (global_update and backwards_done.get(t, 0) < d) or (chained_update and s > 0
+                                                                        and (s - 1, t) not in updated):
+                    continue
+                updated.add((s, t))
             if not run[0].op.is_p2p:
                 if run[0].op is Op.B and (run[0].index + 1) % m == 0:
                     backwards_done[run[0].index // m] = backwards_done.get(run[0].index // m, 0) + 1

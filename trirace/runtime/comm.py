@@ -38,12 +38,14 @@ from .stats import CommStats, LinkEstimates
 class Comm:
     def __init__(self, stage: StagePlan, schedule: Schedule, groups: Groups, model: StageModel,
                  activation_shape: tuple[int, ...], device: torch.device, recorder: Recorder,
-                 tuner=None, embedding_method: str = "dense", timeout_s: float = 60.0):
+                 tuner=None, embedding_method: str = "dense", timeout_s: float = 60.0,
+                 grad_dtype: torch.dtype = torch.float32):
         self.sched, self.g, self.model, self.device, self.rec = schedule, groups, model, device, recorder
         self.topo = groups.plan.topology
         self.log = groups.control.log
         # gloo applies its timeout to collectives but not to P2P waits: every wait here has one.
         self.timeout_s = timeout_s
+        self.grad_dtype = grad_dtype  # what gradients cross the data-parallel links in
         self.cond = threading.Condition()
         self.stats = CommStats()
         self.links = LinkEstimates(self.topo)
@@ -53,7 +55,7 @@ class Comm:
                                   sparse_param=stage.sparse_param, tuner=tuner,
                                   micro_batches=schedule.micro_batches, p2p_links=p2p_links,
                                   link_bytes_per_s=self.topo.rates(),
-                                  group_size=len(stage.ranks))
+                                  group_size=len(stage.ranks), elem_size=2 if grad_dtype == torch.bfloat16 else 4)
         self.norms = GradNorms(groups.norm, model, groups.stage, groups.layout.pp, groups.replica,
                                groups.layout.dp, schedule.version_of_step)
         self.reduction = Reduction(self, embedding_method)  # warms up the reduction communicators first

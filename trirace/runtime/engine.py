@@ -40,14 +40,18 @@ class StepRecord:
     grad_norm: float = 0.0  # the global norm of the gradient the update applied (before clipping)
     lr: float = 0.0
     skipped: bool = False  # the update was refused (non-finite, --on-nonfinite skip)
+    val_loss_sum: float = 0.0  # held-out losses evaluated after this step's update (last stage)
+    val_count: int = 0
 
 
 class Engine:
     def __init__(self, schedule: Schedule, model: StageModel, groups: Groups, comm: Comm, batch: BatchFn,
                  device: torch.device, recorder: Recorder,
                  on_step: Callable[[StepRecord], None] | None = None, delay_s: float = 0.0,
-                 kill_step: int | None = None, rule: UpdateRule | None = None):
+                 kill_step: int | None = None, rule: UpdateRule | None = None, precision: str = "fp32"):
         self.sched, self.model, self.g, self.comm, self.batch = schedule, model, groups, comm, batch
+        # bf16: autocast runs matmuls in bf16; weights, the loss and what crosses stages stay fp32.
+        self.autocast = precision == "bf16"
         self.rule = rule or UpdateRule(lr=model.optimizer.param_groups[0]["lr"], steps=schedule.steps)
         self.device, self.rec, self.on_step = device, recorder, on_step
         self.delay_s = delay_s  # an injected straggler: extra time after every forward
@@ -82,9 +86,13 @@ class Engine:
             os.kill(os.getpid(), signal.SIGKILL)
         module = self.model.module(self.sched.version_of_step(step))
         x = self.batch(*self._global_index(k))[0].to(self.device) if self.model.is_first else self.inputs[k]
-        y = module(x)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            y = module(x)
+            if self.model.is_last:
+                loss = lm_loss(y, self.batch(*self._global_index(k))[1].to(self.device))
+        if not self.model.is_last and y.dtype != torch.float32:  # the next stage receives fp32
+            y = y.float()
         if self.model.is_last:
-            loss = lm_loss(y, self.batch(*self._global_index(k))[1].to(self.device))
             value = loss.item()
             self._record(step).losses.append(value)
             self.comm.norms.loss(step, value)

@@ -66,6 +66,7 @@ class Groups:
     hierarchy: Hierarchy | None  # where the plan reduces my stage hierarchically
     p2p: dict[Op, tuple[Communicator, int]] = field(default_factory=dict)  # my transfer ops -> (comm, peer)
     norm: Communicator | None = None  # the whole world, for the global gradient norm
+    eval_p2p: dict[str, tuple[Communicator, int]] = field(default_factory=dict)  # "send"/"recv" -> (comm, peer)
 
     @property
     def layout(self):
@@ -81,8 +82,9 @@ class Groups:
         return ([self.dp] if self.dp else []) + (self.hierarchy.communicators() if self.hierarchy else [])
 
 
-def make_groups(plan: JobPlan, device: torch.device, control: Communicator) -> Groups:
-    """Create every communicator of `plan` (collective: all ranks, same order)."""
+def make_groups(plan: JobPlan, device: torch.device, control: Communicator, evaluate: bool = False) -> Groups:
+    """Create every communicator of `plan` (collective: all ranks, same order); with
+    `evaluate`, also one per pipeline link for the evaluation pass's activations."""
     log, timeout, rank, L = control.log, control.timeout, dist.get_rank(), plan.layout
 
     def comm(name: str, members: list[int]) -> Communicator | None:
@@ -106,8 +108,13 @@ def make_groups(plan: JobPlan, device: torch.device, control: Communicator) -> G
             hierarchy = h if s.stage == stage else hierarchy
     world = list(range(dist.get_world_size()))
     norm = Communicator("norm", world, dist.new_group(world, backend="gloo"), torch.device("cpu"), log, timeout)
+    eval_p2p: dict[str, tuple[Communicator, int]] = {}
+    for a, b in L.p2p_pairs() if evaluate else ():
+        c = comm(f"eval/{a}>{b}", [a, b])
+        if rank in (a, b):
+            eval_p2p["send" if rank == a else "recv"] = (c, b if rank == a else a)
     return Groups(plan, rank, stage, replica, control, dps[stage] if L.dp > 1 else None,
-                  next((t for t in ties if t is not None), None), hierarchy, p2p, norm)
+                  next((t for t in ties if t is not None), None), hierarchy, p2p, norm, eval_p2p)
 
 
 def _hierarchy(stage: int, ranks: list[int], plan: JobPlan, comm) -> Hierarchy | None:
@@ -139,6 +146,10 @@ def warm_up_pipeline(g: Groups, device: torch.device) -> None:
         if op in g.p2p:
             comm, peer = g.p2p[op]
             comm.p2p([("recv" if op in (Op.RF, Op.RB) else "send", torch.ones(1, device=device), peer)]).wait()
+    for way in ("recv", "send"):  # the evaluation links: the same chain
+        if way in g.eval_p2p:
+            comm, peer = g.eval_p2p[way]
+            comm.p2p([(way, torch.ones(1, device=device), peer)]).wait()
     if g.tie is not None:
         g.tie.all_reduce(torch.ones(1, device=device)).wait()
     g.control.barrier()

@@ -129,22 +129,38 @@ class Reduction:
             self.c.stats.add(c.step, cpu_s=time.thread_time() - cpu0)
             self._finished(c, t0, [])
             return
-        handle = self.g.dp.all_reduce(flat[c.start:c.stop])
+        part = flat[c.start:c.stop]
+        wire = self._on_wire(part)
+        handle = self.g.dp.all_reduce(wire)
         self.c.stats.add(c.step, cpu_s=time.thread_time() - cpu0)
-        self.waiter.add(handle, lambda: self._finished(c, t0, handle.seqs))
+        self.waiter.add(handle, lambda: self._finished(c, t0, handle.seqs, land=(part, wire)), keep=wire)
+
+    def _on_wire(self, part: torch.Tensor) -> torch.Tensor:
+        """The values a chunk's reduction sends: the slice itself, or a bf16 copy of it
+        (--grad-comm-dtype bf16; the conversion is elementwise, so every policy's chunks
+        carry the same values)."""
+        return part if self.c.grad_dtype == part.dtype else part.to(self.c.grad_dtype)
 
     def _run_inline(self, c: Chunk, flat: torch.Tensor) -> None:
         if c.kind is Kind.SPARSE:
             self._exchange_rows(c)
-        elif self.g.hierarchy is not None:
-            self.g.hierarchy.all_reduce(flat[c.start:c.stop])
+            return
+        part = flat[c.start:c.stop]
+        wire = self._on_wire(part)
+        if self.g.hierarchy is not None:
+            self.g.hierarchy.all_reduce(wire)
         else:
-            self.g.dp.all_reduce(flat[c.start:c.stop]).wait()
+            self.g.dp.all_reduce(wire).wait()
+        if wire is not part:
+            part.copy_(wire)
 
-    def _finished(self, c: Chunk, t0: float, seqs: list[int]) -> None:
+    def _finished(self, c: Chunk, t0: float, seqs: list[int],
+                  land: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         # Whatever happens, mark the chunk done and record the error, or the engine would
         # wait for it forever.
         try:
+            if land is not None and land[1] is not land[0]:  # the reduced bf16 values back into the buffer
+                land[0].copy_(land[1])
             t1 = self.c.rec.now()
             self.c.rec.span("sparse" if c.kind is Kind.SPARSE else "allreduce", c.name, t0, t1, bytes=c.nbytes)
             n = self.g.layout.dp

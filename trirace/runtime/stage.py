@@ -16,19 +16,21 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..models import ModelSpec, build_layers, layer_names
 from ..models.build import tie_in_place
+from ..models.layers import Block
 from ..optim import make_optimizer
 
 
 class StageModel:
     def __init__(self, spec: ModelSpec, layers: range, seed: int, n_versions: int, optimizer: str,
-                 lr: float, device: torch.device, weight_decay: float = 0.0):
+                 lr: float, device: torch.device, weight_decay: float = 0.0, recompute: bool = False):
         self.layers = layers
         self.is_first = layers.start == 0
         self.is_last = layers.stop == len(layer_names(spec))
-        self.versions = [nn.Sequential(*self._layers(spec, seed, layers)).to(device) for _ in range(n_versions)]
+        self.versions = [Layers(self._layers(spec, seed, layers), recompute).to(device) for _ in range(n_versions)]
         params = list(self.versions[0].parameters())
         self.numels = [p.numel() for p in params]
         self.shapes = [tuple(p.shape) for p in params]
@@ -110,6 +112,25 @@ class StageModel:
 
     def n_params(self) -> int:
         return sum(self.numels)
+
+
+class Layers(nn.Sequential):
+    """A stage's run of layers. With `recompute`, each transformer block keeps only its
+    input for backward and runs its forward again there (torch's non-reentrant
+    checkpoint, which replays autocast too): the same values, so the same gradients, for
+    a block's input instead of its ~16 intermediate tensors per micro-batch in flight."""
+
+    def __init__(self, layers: list[nn.Module], recompute: bool = False):
+        super().__init__(*layers)
+        self.recompute = recompute
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self:
+            if self.recompute and isinstance(layer, Block) and torch.is_grad_enabled():
+                x = checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
+        return x
 
 
 def _index(params: list[nn.Parameter], p: nn.Parameter) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from datetime import timedelta
@@ -13,7 +14,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ..config import TrainConfig
-from ..data import BatchSampler, load_tokens
+from ..data import BatchSampler, load_tokens, split_held_out
 from ..errors import Diverged, UsageError
 from ..optim import UpdateRule
 from ..comm.autotune import Tuner
@@ -25,14 +26,20 @@ from . import checkpoint
 from .comm import Comm
 from .comms import CommLog, Handle
 from .engine import BatchFn, Engine, StepRecord
+from .evaluate import Evaluator
 from .groups import Groups, control_communicator, make_groups
 from .probe import detect_topology, probe_links
 from .profile import profile_layers
 from .stage import StageModel
 
 
-def sampler_for(cfg: TrainConfig) -> BatchSampler:
+def sampler_for(cfg: TrainConfig, held_out: bool = False) -> BatchSampler:
+    """Training micro-batches, or with `held_out` the evaluation ones. With --eval-every the
+    corpus's tail is held out of training (data/dataset.py: split_held_out)."""
     stream = load_tokens(cfg.data, cfg.spec.vocab_size)
+    if cfg.eval_every:
+        train, tail = split_held_out(stream, cfg.tokens_seq)
+        stream = tail if held_out else train
     return BatchSampler(stream, cfg.tokens_seq, cfg.micro_batch_size, cfg.seed)
 
 
@@ -96,7 +103,7 @@ class Trainer:
             print(f"trirace: {line}", file=sys.stderr, flush=True)
         self.plan: JobPlan = plan_job(cfg, topology, lambda: times, steps=cfg.steps - self.first_step)
         self.sizes = list(self.plan.partition)
-        self.groups: Groups = make_groups(self.plan, self.device, self.control)
+        self.groups: Groups = make_groups(self.plan, self.device, self.control, evaluate=cfg.eval_every > 0)
         if dist.get_rank() == 0 and cfg.progress:
             print(f"{topology.describe()}{' (probed)' if cfg.probe else ''}; rank order {self.plan.why_placed()}; "
                   f"stages {self.sizes}; hierarchical all-reduce "
@@ -106,7 +113,7 @@ class Trainer:
         self.schedule = self.plan.schedule
         self.model = StageModel(cfg.spec, stage.layers, cfg.seed, n_versions=self.schedule.staleness + 1,
                                 optimizer=cfg.optimizer, lr=cfg.learning_rate, device=self.device,
-                                weight_decay=cfg.decay)
+                                weight_decay=cfg.decay, recompute=cfg.recompute)
         self.model.offset = self.first_step
         if (tuple(self.model.numels), self.model.tied) != (stage.numels, stage.tied_param):
             raise RuntimeError(f"stage {stage.stage}'s modules disagree with the job plan's parameter layout")
@@ -140,19 +147,25 @@ class Trainer:
         tuner = Tuner(stage.policy, lag=_StepMetrics.LAG) if cfg.autotune else None
         try:
             comm = Comm(stage, self.schedule, g, self.model, cfg.activation_shape, self.device, rec, tuner,
-                        cfg.embedding_comm, cfg.fail_timeout_s)
+                        cfg.embedding_comm, cfg.fail_timeout_s,
+                        torch.bfloat16 if cfg.grad_comm_dtype == "bf16" else torch.float32)
             report = _Reporter(cfg, self.sizes) if g.is_reporter else None
             metrics = _StepMetrics(cfg, g, comm, report, self.sizes, self.model)
+            evaluator = Evaluator(self.model, g, batch_fn(cfg, sampler_for(cfg, held_out=True)), cfg.eval_batches,
+                                  cfg.eval_every, cfg.steps, cfg.activation_shape, self.device,
+                                  cfg.precision) if cfg.eval_every else None
 
             def on_step(r: StepRecord) -> None:  # r.step counts from this run's first step
                 self._maybe_save(r.step + self.first_step)
+                if evaluator and evaluator.due(r.step + self.first_step):
+                    r.val_loss_sum, r.val_count = evaluator.run(r.step + 1)  # W(t+1), OPT t's
                 metrics.step(r)
 
             engine = Engine(self.schedule, self.model, g, comm, batch_fn(cfg, self.sampler), self.device, rec,
                             on_step=on_step,
                             delay_s=cfg.straggler[1] if cfg.straggler and cfg.straggler[0] == g.rank else 0.0,
                             kill_step=cfg.kill[1] if cfg.kill and cfg.kill[0] == g.rank and not _restarted() else None,
-                            rule=UpdateRule.of(cfg))
+                            rule=UpdateRule.of(cfg), precision=cfg.precision)
             g.control.barrier()
             t_start = metrics.last_end = rec.now()
             if report:
@@ -169,6 +182,8 @@ class Trainer:
                                  f"{max(engine.step_now, 0)}: {type(e).__name__}: "
                                  f"{str(e).splitlines()[0] if str(e) else ''}") from e
             metrics.flush()
+            if evaluator:
+                evaluator.wait_sends()
             if cfg.trace_out is not None:
                 _write_trace(cfg.trace_out, rec, t_start, g)
             g.control.barrier()
@@ -183,8 +198,8 @@ class _StepMetrics:
     hold the pipeline back."""
 
     FIELDS = ("loss", "exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s", "transfers",
-              "comm_cpu_s", "step_time_s", "embedding_bytes", "embedding_method", "early_chunks", "grad_norm", "lr",
-              "skipped")
+              "comm_cpu_s", "step_time_s", "embedding_bytes", "embedding_method", "early_chunks", "val_loss_sum",
+              "val_count", "grad_norm", "lr", "skipped")
     METHODS = ("dense", "allgather", "alltoall")  # embedding_method is sent as 1 + its index
     LAG = 2
 
@@ -202,10 +217,11 @@ class _StepMetrics:
         self.last_end = rec.end_time
         method = self.METHODS.index(st["embedding_method"]) + 1 if st["embedding_method"] else 0
         nf, world = len(self.FIELDS), self.cfg.world_size
-        vec = torch.zeros(nf + 3 * world, dtype=torch.float64)
+        vec = torch.zeros(nf + 4 * world, dtype=torch.float64)
         vec[:nf] = torch.tensor([loss, exposed.get("p2p", 0.0), exposed.get("allreduce", 0.0),
                                  exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s,
-                                 window, st["embedding_bytes"], method, st["early_chunks"], 0.0, 0.0, 0.0],
+                                 window, st["embedding_bytes"], method, st["early_chunks"], rec.val_loss_sum,
+                                 float(rec.val_count), 0.0, 0.0, 0.0],
                                 dtype=torch.float64)
         if self.g.is_reporter:  # the same on every rank: one writes them
             vec[nf - 3:nf] = torch.tensor([rec.grad_norm, rec.lr, float(rec.skipped)], dtype=torch.float64)
@@ -214,6 +230,7 @@ class _StepMetrics:
         if self.model.tied is not None:
             vec[nf + world + self.g.rank] = self.model.checksum(rec.step + 1, self.model.tied)
         vec[nf + 2 * world + self.g.rank] = _rss_mb()
+        vec[nf + 3 * world + self.g.rank] = _peak_rss_mb()
         self.pending.append((rec.step, rec.end_time, vec, self.g.control.all_reduce(vec)))
         while len(self.pending) > self.LAG:
             self._emit(*self.pending.pop(0))
@@ -229,7 +246,8 @@ class _StepMetrics:
         nf = len(self.FIELDS)
         per_rank = vec[nf:nf + world].tolist()
         tied = vec[nf + world:nf + 2 * world].tolist()
-        rss = vec[nf + 2 * world:].tolist()
+        rss = vec[nf + 2 * world:nf + 3 * world].tolist()
+        peak_rss = vec[nf + 3 * world:].tolist()
         if self.comm.tuner:  # the same numbers on every rank: the same decision everywhere
             self.comm.tuner.observe(step, v["step_time_s"] / world)
         if self.report is None:
@@ -237,11 +255,16 @@ class _StepMetrics:
         row = {"loss": v["loss"] / self.cfg.dp,  # only last-stage ranks contribute a loss
                "comm_policy": self.cfg.comm_policy, "lr": v["lr"], "skipped": bool(v["skipped"]),
                # With a table tied across stages each end's norm holds only its own part of the tied gradient.
-               "grad_norm": None if self.cfg.spec.tie_embeddings and self.cfg.pp > 1 else v["grad_norm"]}
+               "grad_norm": None if self.cfg.spec.tie_embeddings and self.cfg.pp > 1 else v["grad_norm"],
+               "precision": self.cfg.precision,
+               "val_loss": v["val_loss_sum"] / v["val_count"] if v["val_count"] else None}
+        if row["val_loss"] is not None:
+            row["val_perplexity"] = math.exp(min(row["val_loss"], 700.0))
         for k in ("exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s"):
             row[k] = v[k] / world  # mean per rank
         row["rank_compute_cpu_s"] = per_rank
         row["rank_rss_mb"] = rss
+        row["rank_peak_rss_mb"] = peak_rss  # the process's high-water mark so far
         for cls in ("intra", "inter"):  # probed at start-up, and achieved since (this rank's view)
             row[f"{cls}_probed_MBps"] = self.comm.topo.link(cls).bytes_per_s / 1e6
             row[f"{cls}_achieved_MBps"] = self.comm.links.bytes_per_s[cls] / 1e6
@@ -272,6 +295,16 @@ def _rss_mb() -> float:
         return 0.0
 
 
+def _peak_rss_mb() -> float:
+    """The process's peak resident memory so far (getrusage; kilobytes on Linux)."""
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    except (ImportError, OSError):
+        return 0.0
+
+
 def _write_trace(out_dir: Path, rec: Recorder, t_start: float, g: Groups) -> None:
     """Gather every rank's events to rank 0, which writes one timeline for the job."""
     origin = torch.tensor([t_start], dtype=torch.float64)
@@ -288,6 +321,7 @@ class _Reporter:
 
     def __init__(self, cfg: TrainConfig, sizes: list[int]):
         self.cfg, self.sizes, self.rows = cfg, sizes, []
+        self.val: float | None = None  # the latest validation loss, shown until the next
         self.bar = tqdm(total=cfg.steps, desc=f"train {cfg.model} {cfg.schedule} pp={cfg.pp} dp={cfg.dp}",
                         unit="step", disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)
         self.out = None
@@ -306,7 +340,13 @@ class _Reporter:
         if self.out:
             self.out.write(json.dumps(row) + "\n")
             self.out.flush()
-        self.bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+        shown = {"loss": f"{row['loss']:.3f}"}
+        if row.get("val_loss") is not None:
+            self.val = row["val_loss"]
+        if self.val is not None:
+            shown["val"] = f"{self.val:.3f}"
+        shown.update(lr=f"{row['lr']:.2g}", tok_s=f"{row['tokens_per_s']:.0f}")
+        self.bar.set_postfix(shown)
         self.bar.update()
 
     def close(self) -> None:
@@ -318,8 +358,14 @@ class _Reporter:
         self.close()
         steady = self.rows[1:] or self.rows  # the first step includes warm-up
         mean_dt = sum(r["step_time_s"] for r in steady) / len(steady)
+        last = self.rows[-1]
+        val = next((r["val_loss"] for r in reversed(self.rows) if r.get("val_loss") is not None), None)
+        skipped = sum(r["skipped"] for r in self.rows)
+        peak = max(max(r["rank_peak_rss_mb"]) for r in self.rows)
         print(f"done: {self.cfg.model} {self.cfg.schedule} {self.cfg.comm_policy} pp={self.cfg.pp} dp={self.cfg.dp} "
-              f"stages={self.sizes} | {len(self.rows)} steps, final loss {self.rows[-1]['loss']:.4f}, "
-              f"{self.cfg.tokens_per_step / mean_dt:.0f} tokens/s, {mean_dt:.3f} s/step "
-              f"(mean after step 0)", flush=True)
+              f"stages={self.sizes} {self.cfg.precision} | {len(self.rows)} steps, final loss {last['loss']:.4f}"
+              + (f", val loss {val:.4f}" if val is not None else "")
+              + (f", {skipped} update(s) skipped (non-finite)" if skipped else "")
+              + f", {self.cfg.tokens_per_step / mean_dt:.0f} tokens/s, {mean_dt:.3f} s/step (mean after step 0), "
+              f"lr {last['lr']:.3g}, peak {peak:.0f} MB/rank", flush=True)
         return self.rows

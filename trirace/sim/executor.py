@@ -58,6 +58,7 @@ class StageWork:
     collective: Callable[[Chunk], list[Phase]]  # how a chunk crosses the network
     inline: Callable[[Chunk], bool]  # does the launcher run this chunk itself (and wait)?
     sparse_param: int | None = None
+    grad_elem_size: int = 4  # bytes per gradient value on the wire (2 with --grad-comm-dtype bf16)
 
 
 @dataclass
@@ -107,7 +108,7 @@ class _Rank:
                                   reduces=self.has_dp, sparse_param=self.work.sparse_param,
                                   micro_batches=sim.schedule.micro_batches, p2p_links=p2p_links,
                                   link_bytes_per_s=topo.rates(),
-                                  group_size=layout.dp)
+                                  group_size=layout.dp, elem_size=self.work.grad_elem_size)
         self.wake: float | None = None  # a kick already scheduled for the driver's wake time
         self.group = _Group(sim, sim.collective_streams)
         self.launcher_busy = False

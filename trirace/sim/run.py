@@ -128,7 +128,8 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
                                 list(st.numels), st.policy,
                                 _collective(st.stage, fabric, topo, st.hierarchical, method, rows, spec.vocab_size,
                                             spec.d_model),
-                                lambda c, h=st.hierarchical: c.kind is Kind.SPARSE or h, st.sparse_param))
+                                lambda c, h=st.hierarchical: c.kind is Kind.SPARSE or h, st.sparse_param,
+                                2 if cfg.grad_comm_dtype == "bf16" else 4))
     hier = [st.hierarchical for st in plan.stages]
     sched = plan.schedule
     sim = Simulation(sched, fabric, stages, cfg.activation_bytes, cluster.collective_streams,

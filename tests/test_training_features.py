@@ -1,0 +1,138 @@
+"""Training features on real gloo processes: evaluation, the divergence guard, recompute,
+bf16 compute and bf16 gradient reduction, the memory pre-check, and bad values of their
+flags. Clipping and learning-rate schedules are checked against the single-process
+references in test_equivalence.py."""
+
+import json
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+
+from reference import held_out_loss, train_sync
+from trirace.cli import main
+from trirace.config import make_config
+from trirace.errors import Diverged
+from trirace.obs.commcheck import check
+from trirace.runtime import run_local
+
+BASE = dict(model="gpt-test", data="synthetic", pp=2, dp=2, micro_batches=4, micro_batch_size=2, seq_len=16,
+            progress=False, balance="params")
+QUICK = ["--model", "gpt-test", "--data", "synthetic", "--micro-batch-size", "2", "--seq-len", "16",
+         "--balance", "params", "--no-progress"]
+
+
+def _cli(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "trirace", "train", *QUICK, *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_evaluation_matches_a_single_process_reference(tmp_path):
+    """Validation loss after steps 1 and 3 (and the last) is the held-out loss of W(t+1),
+    evaluated through the pipeline; the run's communicators stay clean under NCCL's rules."""
+    cfg = make_config(BASE, schedule="1f1b", steps=5, eval_every=2, eval_batches=2, comm_log=tmp_path / "log")
+    (rows,) = run_local([cfg], timeout_s=240)
+    want = {}
+    losses = train_sync(cfg, after_update=lambda t, m: want.__setitem__(t, held_out_loss(cfg, m)))
+    got = {r["step"]: r["val_loss"] for r in rows}
+    assert [s for s, v in got.items() if v is not None] == [1, 3, 4]
+    for step in (1, 3, 4):
+        assert got[step] == pytest.approx(want[step], rel=1e-5), step
+    assert [r["loss"] for r in rows] == pytest.approx(losses, rel=1e-5)  # training reads the head only
+    assert rows[-1]["val_perplexity"] == pytest.approx(math.exp(got[4]))
+    report = check(cfg.comm_log)
+    assert report.ok, report.summary()
+
+
+def test_divergence_stops_at_the_step_and_keeps_the_checkpoint(tmp_path):
+    """--lr 1e30: W(1) is huge. 2BW computes step 1 on W(0) still, so step 2 is the first
+    non-finite one: the job stops there with exit 3 and one line, before applying it, and
+    the checkpoint of step 1 is left whole."""
+    ck, out = tmp_path / "ck", tmp_path / "m.jsonl"
+    p = _cli("--steps", "6", "--lr", "1e30", "--checkpoint-dir", str(ck), "--checkpoint-every", "1",
+             "--metrics-out", str(out))
+    assert p.returncode == Diverged.EXIT_STATUS, p.stderr[-2000:]
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trirace: step 2: non-finite"), p.stderr
+    assert sorted(d.name for d in ck.iterdir()) == ["step-000000", "step-000001"]
+    assert [json.loads(line)["step"] for line in out.read_text().splitlines()] == [0, 1]
+    # The checkpoint is whole: it resumes, and (holding W(1) and W(2), both already blown up
+    # by step 0's rate) it stops again at step 2; with skip, it runs to the end.
+    p = _cli("--steps", "6", "--checkpoint-dir", str(ck), "--resume", "require", "--lr", "1e30")
+    assert p.returncode == Diverged.EXIT_STATUS and "resuming from" in p.stderr and "step 2: non-finite" in p.stderr
+    p = _cli("--steps", "4", "--checkpoint-dir", str(ck), "--resume", "require", "--on-nonfinite", "skip")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "2 update(s) skipped" in p.stdout
+
+
+def test_skip_refuses_the_same_updates_on_every_rank():
+    """--on-nonfinite skip: every rank skips the same updates, so the job runs to the end
+    (a rank that skipped alone would desynchronise its weights or hang its peers)."""
+    cfg = make_config(BASE, steps=5, lr=1e30, on_nonfinite="skip")
+    (rows,) = run_local([cfg], timeout_s=240)
+    assert [r["skipped"] for r in rows] == [False, False, True, True, True]
+    assert all(math.isfinite(r["loss"]) for r in rows[:2])
+
+
+def test_recompute_gives_the_same_losses_with_less_memory():
+    """Same losses bit for bit; the peak resident memory of the first stage drops on a shape
+    where activations dominate. Recompute runs first: a process's peak only grows, so the
+    second job's figure is the larger of the two if recompute saved nothing."""
+    shape = dict(BASE, micro_batch_size=160, seq_len=64, micro_batches=4, steps=3, partition="3,4")
+    with_rc, without = run_local([make_config(shape, recompute=True), make_config(shape)], timeout_s=240)
+    assert [r["loss"] for r in with_rc] == [r["loss"] for r in without]
+    peak_rc = max(with_rc[-1]["rank_peak_rss_mb"][:2])  # ranks 0 and 1: stage 0 (dp-inner on one node)
+    peak = max(without[-1]["rank_peak_rss_mb"][:2])
+    print(f"stage 0 peak RSS: {peak_rc:.0f} MB with --recompute, {peak:.0f} MB without")
+    assert peak_rc < peak - 30, (peak_rc, peak)
+
+
+def test_bf16_tracks_fp32_and_halves_the_reduction_bytes(tmp_path):
+    """bf16 compute ends within 2% of fp32 after 20 steps; bf16 gradient reduction halves
+    the bytes the data-parallel all-reduces send, and two policies still agree bitwise."""
+    base = dict(BASE, steps=20, embedding_comm="dense")
+    cfgs = [make_config(base, comm_log=tmp_path / "fp32"),
+            make_config(base, precision="bf16"),
+            make_config(base, grad_comm_dtype="bf16", comm_log=tmp_path / "bf16-comm"),
+            make_config(base, grad_comm_dtype="bf16", precision="bf16", comm_policy="fifo"),
+            make_config(base, grad_comm_dtype="bf16", precision="bf16", comm_policy="trirace")]
+    fp32, bf16, bf16_comm, both_fifo, both_trirace = run_local(cfgs, timeout_s=300)
+    assert bf16[-1]["loss"] == pytest.approx(fp32[-1]["loss"], rel=0.02)
+    assert bf16[-1]["loss"] != fp32[-1]["loss"]  # it did compute in bf16
+    assert bf16_comm[-1]["loss"] == pytest.approx(fp32[-1]["loss"], rel=0.02)
+    assert [r["loss"] for r in both_fifo] == [r["loss"] for r in both_trirace]
+
+    def reduced_bytes(log):
+        rows = [json.loads(line) for f in log.glob("rank-*.jsonl") for line in f.read_text().splitlines()]
+        return sum(r["nbytes"] for r in rows if r.get("comm", "").startswith("dp/") and r["op"] == "all_reduce"
+                   and r["nbytes"] > 8)  # not the 4-byte warm-up
+
+    ratio = reduced_bytes(tmp_path / "bf16-comm") / reduced_bytes(tmp_path / "fp32")
+    assert ratio == pytest.approx(0.5, abs=1e-3)
+
+
+def test_memory_check_refuses_what_cannot_fit_at_once():
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "trirace", "train", "--model", "gpt2-xl", "--pp", "1", "--dp", "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - t0 < 10
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "GiB per rank" in p.stderr and "over" in p.stderr and "--no-memory-check" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "trirace", "train", "--model", "gpt-tiny", "--dry-run"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("flags", [
+    ["--lr", "inf"], ["--lr", "nan"], ["--weight-decay", "-1"], ["--lr-schedule", "step"],
+    ["--warmup-steps", "-1"], ["--min-lr", "1"], ["--clip-grad", "0"], ["--clip-grad", "nan"],
+    ["--on-nonfinite", "ignore"], ["--precision", "fp16"], ["--grad-comm-dtype", "int8"],
+    ["--eval-every", "-1"], ["--eval-batches", "0"], ["--clip-grad", "1", "--tie-embeddings"],
+    ["--optimizer", "lamb"],
+])
+def test_bad_values_are_one_line_and_exit_2(flags, capsys):
+    assert main(["train", *QUICK, *flags, "--dry-run"]) == 2, flags
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("trirace: error:"), err
