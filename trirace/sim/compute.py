@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..models import ModelSpec, layer_names
-from ..models.build import layer_param_numels
+from ..models import ModelSpec
 from .calibration import Calibration
 from .cluster import Device
 
