@@ -345,7 +345,9 @@ class _Reporter:
             self.val = row["val_loss"]
         if self.val is not None:
             shown["val"] = f"{self.val:.3f}"
-        shown.update(lr=f"{row['lr']:.2g}", tok_s=f"{row['tokens_per_s']:.0f}")
+        if "lr" in row:  # (the torch peer's rows have no update-rule figures)
+            shown["lr"] = f"{row['lr']:.2g}"
+        shown["tok_s"] = f"{row['tokens_per_s']:.0f}"
         self.bar.set_postfix(shown)
         self.bar.update()
 
@@ -360,12 +362,13 @@ class _Reporter:
         mean_dt = sum(r["step_time_s"] for r in steady) / len(steady)
         last = self.rows[-1]
         val = next((r["val_loss"] for r in reversed(self.rows) if r.get("val_loss") is not None), None)
-        skipped = sum(r["skipped"] for r in self.rows)
-        peak = max(max(r["rank_peak_rss_mb"]) for r in self.rows)
+        skipped = sum(r.get("skipped", False) for r in self.rows)
+        peaks = [max(r["rank_peak_rss_mb"]) for r in self.rows if "rank_peak_rss_mb" in r]
         print(f"done: {self.cfg.model} {self.cfg.schedule} {self.cfg.comm_policy} pp={self.cfg.pp} dp={self.cfg.dp} "
               f"stages={self.sizes} {self.cfg.precision} | {len(self.rows)} steps, final loss {last['loss']:.4f}"
               + (f", val loss {val:.4f}" if val is not None else "")
               + (f", {skipped} update(s) skipped (non-finite)" if skipped else "")
-              + f", {self.cfg.tokens_per_step / mean_dt:.0f} tokens/s, {mean_dt:.3f} s/step (mean after step 0), "
-              f"lr {last['lr']:.3g}, peak {peak:.0f} MB/rank", flush=True)
+              + f", {self.cfg.tokens_per_step / mean_dt:.0f} tokens/s, {mean_dt:.3f} s/step (mean after step 0)"
+              + (f", lr {last['lr']:.3g}" if "lr" in last else "")
+              + (f", peak {max(peaks):.0f} MB/rank" if peaks else ""), flush=True)
         return self.rows
