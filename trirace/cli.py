@@ -56,7 +56,7 @@ SYSTEMS = ("blocking", "fifo", "priority", "trirace", "torch-1f1b")
 # What shapes a job's time: the flags simulate and profile share with train.
 JOB_FIELDS = ("model", "pp", "dp", "schedule", "micro_batches", "micro_batch_size", "seq_len", "steps", "optimizer",
               "data", "partition", "balance", "rank_order", "tie_embeddings", "embedding_comm", "partition_mb",
-              "credit_mb", "seed")
+              "credit_mb", "seed", "precision", "recompute", "grad_comm_dtype")
 
 
 def _add_cluster_flags(p: argparse.ArgumentParser) -> None:

@@ -79,7 +79,7 @@ def plan_link_bytes(plan: JobPlan, micro_batches: int, activation_bytes: int,
             continue
         dense = float(st.grad_bytes)
         if st.sparse_param is not None and table_sent is not None:
-            dense -= 4 * st.numels[st.sparse_param]
+            dense -= st.grad_elem_size * st.numels[st.sparse_param]  # its rows go fp32, counted below
             ring(list(st.ranks), table_sent)
         members = list(st.ranks)
         if st.hierarchical:

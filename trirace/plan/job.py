@@ -37,10 +37,12 @@ class StagePlan:
     numels: tuple[int, ...]  # parameter sizes in forward order: the flat gradient's layout
     sparse_param: int | None  # the token table, exchanged as one SPARSE item (touched rows)
     tied_param: int | None  # tied to the other end of the pipeline (table here, head there)
+    grad_elem_size: int = 4  # bytes per gradient value on the data-parallel links (2: bf16)
 
     @property
     def grad_bytes(self) -> int:
-        return 4 * sum(self.numels)
+        """What the stage's dense reduction carries (the sparse table's rows aside)."""
+        return self.grad_elem_size * sum(self.numels)
 
     @property
     def reduces(self) -> bool:
@@ -196,8 +198,9 @@ def _stages(cfg: TrainConfig, topology: Topology, sizes: list[int], layout: Layo
         elif tied and is_last:
             tied_param = head_tied - first
         sparse = 0 if is_first and cfg.embedding_comm != "dense" and cfg.dp > 1 else None
-        hier = policy.hierarchical and hierarchical_pays(topology, list(ranks), 4 * sum(numels))
-        stages.append(StagePlan(s, layers, ranks, link_cls, policy, hier, tuple(numels), sparse, tied_param))
+        elem = 2 if cfg.grad_comm_dtype == "bf16" else 4
+        hier = policy.hierarchical and hierarchical_pays(topology, list(ranks), elem * sum(numels))
+        stages.append(StagePlan(s, layers, ranks, link_cls, policy, hier, tuple(numels), sparse, tied_param, elem))
     return stages
 
 

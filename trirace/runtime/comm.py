@@ -55,7 +55,7 @@ class Comm:
                                   sparse_param=stage.sparse_param, tuner=tuner,
                                   micro_batches=schedule.micro_batches, p2p_links=p2p_links,
                                   link_bytes_per_s=self.topo.rates(),
-                                  group_size=len(stage.ranks), elem_size=2 if grad_dtype == torch.bfloat16 else 4)
+                                  group_size=len(stage.ranks), elem_size=stage.grad_elem_size)
         self.norms = GradNorms(groups.norm, model, groups.stage, groups.layout.pp, groups.replica,
                                groups.layout.dp, schedule.version_of_step)
         self.reduction = Reduction(self, embedding_method)  # warms up the reduction communicators first

@@ -12,9 +12,9 @@ two moments and the published copy, about 36 bytes per parameter (SGD 16).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..models import ModelSpec
+from ..models import ModelSpec, layer_names
 from .calibration import Calibration
 from .cluster import Device
 
@@ -49,3 +49,9 @@ class ComputeModel:
     def stage(self, layers: range) -> tuple[float, list[float]]:
         """(forward seconds of the stage, backward seconds per layer in backward order)."""
         return sum(self.forward_s[i] for i in layers), [self.backward_s[i] for i in reversed(layers)]
+
+    def recomputing(self, spec: ModelSpec) -> "ComputeModel":
+        """With --recompute each block runs its forward again inside its backward."""
+        names = layer_names(spec)
+        return replace(self, backward_s=tuple(b + f if n.startswith("block") else b
+                                              for n, f, b in zip(names, self.forward_s, self.backward_s)))

@@ -100,6 +100,8 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     cfg = cfg.model_copy(update={"comm_policy": policy})
     compute = ComputeModel.build(spec, cfg.micro_batch_size, cfg.tokens_seq, cluster.device, cfg.optimizer,
                                  calibration)
+    if cfg.recompute:
+        compute = compute.recomputing(spec)
     plan = plan_job(cfg, topo, lambda: [f + b for f, b in zip(compute.forward_s, compute.backward_s)])
     sizes, layout = list(plan.partition), plan.layout
     fabric = Fabric(layout, topo, cluster.shared_cores)
@@ -129,7 +131,7 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
                                 _collective(st.stage, fabric, topo, st.hierarchical, method, rows, spec.vocab_size,
                                             spec.d_model),
                                 lambda c, h=st.hierarchical: c.kind is Kind.SPARSE or h, st.sparse_param,
-                                2 if cfg.grad_comm_dtype == "bf16" else 4))
+                                st.grad_elem_size))
     hier = [st.hierarchical for st in plan.stages]
     sched = plan.schedule
     sim = Simulation(sched, fabric, stages, cfg.activation_bytes, cluster.collective_streams,
