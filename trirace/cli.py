@@ -171,12 +171,15 @@ def _config(args: argparse.Namespace, **defaults) -> TrainConfig:
 
 def _train(args: argparse.Namespace) -> int:
     from .runtime import WorkerFailed, train  # torch is imported only once the flags are sane
+    from .runtime.launch import quit_now, under_torchrun
 
     cfg = _config(args)
     if args.dry_run:
         return _show_plan(cfg, as_json=False)
     try:
         train(cfg)
+        if under_torchrun():  # this process is a rank: done, so skip the interpreter's teardown
+            quit_now(0)
     except WorkerFailed as e:
         print(f"trirace: {e}", file=sys.stderr)
         return 1

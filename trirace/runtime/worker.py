@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from ..config import TrainConfig
 from ..errors import Diverged
+from .launch import quit_now
 from .trainer import RankFailed, Trainer
 
 
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> int:
         # Not destroy_process_group: it may wait on work with a peer that is gone.
         os._exit(1)
     dist.destroy_process_group()
-    return 0
+    quit_now(0)
 
 
 if __name__ == "__main__":
