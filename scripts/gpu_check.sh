@@ -44,11 +44,17 @@ if [ "$gpus" -ge 2 ]; then
     run "nccl-pp2-$policy" "${JOB[@]}" --backend nccl --pp 2 --dp 1 --comm-policy "$policy"
   done
   run "torchrun-nccl-pp2" --torchrun 2 "${JOB[@]}" --backend nccl --pp 2 --dp 1
+  # the training features: bf16 compute and reduction, recompute, clipping, evaluation
+  run "nccl-pp2-bf16" "${JOB[@]}" --backend nccl --pp 2 --dp 1 --precision bf16 --recompute --clip-grad 1 \
+    --eval-every 4 --lr-schedule cosine --warmup-steps 2
   if [ "$gpus" -ge 4 ]; then
     run "nccl-pp2-dp2" "${JOB[@]}" --backend nccl --pp 2 --dp 2 --embedding-comm auto
+    run "nccl-pp2-dp2-bf16-comm" "${JOB[@]}" --backend nccl --pp 2 --dp 2 --grad-comm-dtype bf16
   fi
 else
   run "nccl-world1" "${JOB[@]}" --backend nccl --pp 1 --dp 1
+  run "nccl-world1-bf16" "${JOB[@]}" --backend nccl --pp 1 --dp 1 --precision bf16 --recompute --clip-grad 1 \
+    --eval-every 4 --lr-schedule cosine --warmup-steps 2
   run "gloo-cpu-pp2-dp2" "${JOB[@]}" --backend gloo --pp 2 --dp 2
 fi
 echo "gpu_check: done ($out)"

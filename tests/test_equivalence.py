@@ -15,8 +15,20 @@ def _close(got: list[float], want: list[float]) -> None:
         assert abs(a - b) <= RTOL * abs(b), f"step {t}: {a} vs {b}"
 
 
+SHAPE = """arch: llama
+vocab_size: 2048
+d_model: 96
+n_layers: 3
+n_heads: 6
+n_kv_heads: 2
+d_ff: 160
+max_seq_len: 64
+tie_embeddings: true
+"""
+
+
 @pytest.fixture(scope="module")
-def runs(request):
+def runs(request, tmp_path_factory):
     base = dict(model="gpt-test", data="synthetic", steps=10, micro_batch_size=2, seq_len=32,
                 micro_batches=4, progress=False, balance="params", pp=2, dp=2)
     cfgs = {k: make_config(base, schedule=k) for k in ("1f1b", "gpipe", "2bw")}
@@ -29,7 +41,12 @@ def runs(request):
                                           warmup_steps=3, clip_grad=0.5)
     cfgs["2bw-sgd-clip-blocking"] = make_config(base, schedule="2bw", optimizer="sgd", clip_grad=1.0,
                                                 comm_policy="blocking")
-    results = run_local(list(cfgs.values()), timeout_s=240)
+    cfgs["llama-1f1b"] = make_config(base, model="llama-test", schedule="1f1b")
+    cfgs["llama-2bw"] = make_config(base, model="llama-test", schedule="2bw")
+    shape = tmp_path_factory.mktemp("shape") / "my-llama.yaml"  # grouped-query heads, tied table, own widths
+    shape.write_text(SHAPE)
+    cfgs["llama-yaml-1f1b"] = make_config(base, model=str(shape), schedule="1f1b", embedding_comm="allgather")
+    results = run_local(list(cfgs.values()), timeout_s=300)
     RUNS.update({k: res for k, res in zip(cfgs, results)})
     return {k: (cfgs[k], [r["loss"] for r in res]) for k, res in zip(cfgs, results)}
 
@@ -37,13 +54,14 @@ def runs(request):
 RUNS: dict[str, list[dict]] = {}  # the metrics rows of the runs above
 
 
-@pytest.mark.parametrize("kind", ["1f1b", "gpipe", "bert-1f1b", "1f1b-adamw-cosine-clip"])
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe", "bert-1f1b", "1f1b-adamw-cosine-clip", "llama-1f1b",
+                                  "llama-yaml-1f1b"])
 def test_sync_schedules_match_single_process(runs, kind):
     cfg, losses = runs[kind]
     _close(losses, train_sync(cfg))
 
 
-@pytest.mark.parametrize("kind", ["2bw", "2bw-sgd", "2bw-clip-linear", "2bw-sgd-clip-blocking"])
+@pytest.mark.parametrize("kind", ["2bw", "2bw-sgd", "2bw-clip-linear", "2bw-sgd-clip-blocking", "llama-2bw"])
 def test_2bw_matches_delayed_update_rule(runs, kind):
     cfg, losses = runs[kind]
     _close(losses, train_2bw(cfg))

@@ -136,3 +136,38 @@ def test_bad_values_are_one_line_and_exit_2(flags, capsys):
     assert main(["train", *QUICK, *flags, "--dry-run"]) == 2, flags
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("trirace: error:"), err
+
+
+def test_rotary_attention_sees_only_relative_positions():
+    """Rotary embeddings: the score of query position i against key position j depends
+    only on i - j, so shifting both leaves it unchanged (and a shift of one alone does not)."""
+    import torch
+
+    from trirace.models.layers import _rotate, rotary_tables
+
+    cos, sin = rotary_tables(16, 64, 10000.0)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(16, generator=g), torch.randn(16, generator=g)
+
+    def score(i, j):
+        return float(_rotate(q, cos[i], sin[i]) @ _rotate(k, cos[j], sin[j]))
+
+    assert score(3, 1) == pytest.approx(score(40, 38), rel=1e-5)
+    assert abs(score(3, 1) - score(3, 2)) > 1e-3
+
+
+@pytest.mark.parametrize("shape, why", [
+    ("arch: llama\nvocab_size: 2048\nd_model: 100\nn_layers: 2\nn_heads: 6\nmax_seq_len: 64\n", "does not divide"),
+    ("arch: gpt\nvocab_size: 2048\nd_model: 64\nn_layers: 2\nn_heads: 4\nn_kv_heads: 2\nmax_seq_len: 64\n",
+     "n_kv_heads"),
+    ("arch: llama\nvocab_size: 2048\nd_model: 64\nn_layers: 2\nn_heads: 4\nn_kv_heads: 3\nmax_seq_len: 64\n",
+     "does not divide"),
+    ("arch: t5\nvocab_size: 2048\nd_model: 64\nn_layers: 2\nn_heads: 4\nmax_seq_len: 64\n", "arch"),
+    ("arch: gpt\nvocab_size: 2048\nd_model: 64\nn_layers: 2\nn_heads: 4\nmax_seq_len: 64\nwidth: 3\n", "unknown key"),
+])
+def test_bad_shape_files_are_one_line_and_exit_2(tmp_path, capsys, shape, why):
+    f = tmp_path / "shape.yaml"
+    f.write_text(shape)
+    assert main(["train", "--model", str(f), "--data", "synthetic", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and why in err, err

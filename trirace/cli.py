@@ -99,6 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("commcheck", help="replay the logs of --comm-log DIR under NCCL's rules: "
                            "exit 0 when clean, 1 naming the first deadlock or mismatch")
     check.add_argument("dir", metavar="DIR", help="the directory train --comm-log wrote (rank-R.jsonl files)")
+    gen = sub.add_parser("generate", help="sample text from a trained model (a checkpoint or a Hugging Face "
+                         "directory) on one process")
+    gen.add_argument("--checkpoint", required=True, metavar="DIR",
+                     help="a --checkpoint-dir (its newest complete step) or an --export-hf / Hugging Face directory")
+    gen.add_argument("--prompt", required=True, help="the text to continue")
+    gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to add (default: 32)")
+    gen.add_argument("--top-k", type=int, default=1, help="sample among the k likeliest tokens (default 1: greedy)")
+    gen.add_argument("--temperature", type=float, default=1.0, help="softmax temperature for top-k (default: 1)")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    gen.add_argument("--data", default="stdlib", help="the data the model was trained on, for its tokenizer when "
+                     "the directory has no tokenizer.json (default: stdlib)")
     sim = sub.add_parser("simulate", help="predict iteration time, overlap and memory of a job on a cluster, "
                          "without running it (same schedules and policies, simulated executor)")
     _add_config_flags(sim, TrainConfig, JOB_FIELDS)
@@ -149,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             return _profile(args)
         if args.command == "plan":
             return _plan(args)
+        if args.command == "generate":
+            from .generate import main as generate
+
+            return generate(args.checkpoint, args.prompt, args.max_new_tokens, args.top_k, args.temperature,
+                            args.seed, args.data)
         if args.command == "commcheck":
             from .obs.commcheck import main as commcheck
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ConfigError, UsageError
 from .yamlfile import read_mapping
 from .models import PRESETS, ModelSpec, layer_names, layer_param_counts
+from .models.shape_file import resolve as resolve_model
 from .plan.partition import balance, check_sizes
 from .plan.layout import Layout, is_order
 
@@ -23,7 +24,7 @@ from .plan.layout import Layout, is_order
 class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no --lr inf, no nan timeouts
 
-    model: str = Field("gpt-tiny", description="model preset: " + ", ".join(PRESETS))
+    model: str = Field("gpt-tiny", description="model preset (" + ", ".join(PRESETS) + "), or a shape file .yaml")
     pp: int = Field(2, ge=1, description="pipeline depth (stages)")
     dp: int = Field(2, ge=1, description="data-parallel width (replicas per stage)")
     schedule: Literal["2bw", "1f1b", "gpipe"] = Field("2bw", description="pipeline schedule")
@@ -82,13 +83,18 @@ class TrainConfig(BaseModel):
     straggler: tuple[int, float] | None = Field(
         None, description="fault injection: RANK:SECONDS makes that rank sleep after every forward")
     metrics_out: Path | None = Field(None, description="JSON lines, one object per step")
+    export_hf: Path | None = Field(None, description="after the last step, write a Hugging Face model directory "
+                                   "(config.json, safetensors shards, the tokenizer when there is one)")
+    overwrite: bool = Field(False, description="let --export-hf replace a directory that is not empty")
     progress: bool = Field(True, description="show a progress bar")
 
     @field_validator("model")
     @classmethod
     def _known_model(cls, v: str) -> str:
-        if v not in PRESETS:
-            raise ValueError(f"unknown model preset {v!r}; choose from {', '.join(PRESETS)}")
+        try:
+            resolve_model(v)
+        except UsageError as e:  # pydantic reports only ValueErrors raised in validators
+            raise ValueError(str(e)) from None
         return v
 
     @field_validator("rank_order")
@@ -122,7 +128,7 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":
-        spec = PRESETS[self.model]
+        spec = resolve_model(self.model)
         n_layers = len(layer_names(spec))
         if self.pp > n_layers:
             raise ValueError(f"pp={self.pp} is more stages than {self.model}'s {n_layers} layers")
@@ -139,6 +145,8 @@ class TrainConfig(BaseModel):
             # The tied gradient is the sum of two stages' parts, known only at the update:
             # the norm each stage contributes earlier would count it wrongly.
             raise ValueError("clip_grad with tie_embeddings across stages (pp > 1) is not supported yet")
+        if self.export_hf is not None and spec.arch not in ("gpt", "llama"):
+            raise ValueError(f"export_hf writes GPT-2 and Llama models, not arch {spec.arch!r}")
         if self.autotune and self.comm_policy == "blocking":
             raise ValueError("autotune tunes chunk and credit sizes; the blocking policy has none")
         for name, pair in (("straggler", self.straggler), ("kill", self.kill)):
@@ -159,7 +167,7 @@ class TrainConfig(BaseModel):
     # Derived values, so that callers never recompute defaults differently.
     @property
     def spec(self) -> ModelSpec:
-        spec = PRESETS[self.model]
+        spec = resolve_model(self.model)
         return spec.with_(tie_embeddings=True) if self.tie_embeddings else spec
 
     @property

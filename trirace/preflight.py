@@ -45,6 +45,11 @@ def train_outputs(cfg) -> None:
             output_dir(d, flag)
     if cfg.metrics_out is not None:
         output_file(cfg.metrics_out, "--metrics-out")
+    if cfg.export_hf is not None:
+        output_dir(cfg.export_hf, "--export-hf")
+        p = Path(cfg.export_hf)
+        if p.is_dir() and any(p.iterdir()) and not cfg.overwrite:
+            raise UsageError(f"--export-hf {p}: not empty (pass --overwrite to replace it)")
 
 
 def _nearest_existing(p: Path) -> Path:

@@ -12,8 +12,10 @@ import torch
 
 from trirace.data._cache import atomic_write, build_lock
 from trirace.data.corpus import discover
+from tokenizers import Tokenizer
+
 from trirace.data.tokenizer import (
-    EOT_ID, MASK_ID, PAD_ID, corpus_key, load_tokenizer, read_texts,
+    EOT, EOT_ID, MASK_ID, PAD_ID, corpus_key, load_tokenizer, read_texts,
 )
 from trirace.errors import ConfigError, DataError
 
@@ -49,25 +51,47 @@ def load_tokens(
     vocab_size: int,
     cache_dir: str | os.PathLike[str] | None = None,
     max_bytes: int | None = None,
+    tokenizer: Path | None = None,
 ) -> TokenStream:
-    """Token ids of `source` ("synthetic", "stdlib", a file or a directory)."""
+    """Token ids of `source` ("synthetic", "stdlib", a file or a directory), with a BPE
+    trained here on the corpus, or with `tokenizer` (a model's own tokenizer.json)."""
     if source == SYNTHETIC:
         return synthetic_stream(vocab_size)
     files = discover(source, max_bytes)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = cache / f"tokens-{corpus_key(files, vocab_size)}.pt"
+    key = corpus_key(files, vocab_size)
+    if tokenizer is not None:
+        key += "-" + hashlib.sha256(Path(tokenizer).read_bytes()).hexdigest()[:16]
+    path = cache / f"tokens-{key}.pt"
     if not path.exists():
         with build_lock(path.with_suffix(".lock")):
             if not path.exists():
-                ids = _encode(files, vocab_size, cache)
+                ids = _encode(files, vocab_size, cache, tokenizer)
                 atomic_write(path, lambda f: torch.save(ids, f))
     ids = torch.load(path, weights_only=True)
     return TokenStream(ids=ids, vocab_size=vocab_size)
 
 
-def _encode(files: list[Path], vocab_size: int, cache_dir: Path) -> torch.Tensor:
-    tok = load_tokenizer(files, vocab_size, cache_dir)
-    eot = torch.tensor([EOT_ID], dtype=torch.int32)
+def tokenizer_file(source: str, vocab_size: int, cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """The BPE file `load_tokens` trained for a text corpus (None for synthetic data)."""
+    if source == SYNTHETIC:
+        return None
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = cache / f"tokenizer-{corpus_key(discover(source), vocab_size)}.json"
+    return path if path.is_file() else None
+
+
+def _encode(files: list[Path], vocab_size: int, cache_dir: Path, tokenizer: Path | None = None) -> torch.Tensor:
+    if tokenizer is None:
+        tok, eot_id = load_tokenizer(files, vocab_size, cache_dir), EOT_ID
+    else:
+        tok = Tokenizer.from_file(str(tokenizer))
+        # Its own end-of-text token where it has one (GPT-2's, Llama's </s>), else id 0.
+        eot_id = next((i for t in (EOT, "</s>", "<|end_of_text|>") if (i := tok.token_to_id(t)) is not None), 0)
+        if tok.get_vocab_size() > vocab_size:
+            raise DataError(f"tokenizer {tokenizer} has {tok.get_vocab_size()} tokens, more than the model's "
+                            f"{vocab_size}")
+    eot = torch.tensor([eot_id], dtype=torch.int32)
     parts: list[torch.Tensor] = []
     for i, enc in enumerate(tok.encode_batch(read_texts(files))):
         if i:

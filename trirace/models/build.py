@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import Block, Embedding, FinalNorm, LMHead, MLMHead, init_weights
+from .layers import (Block, Embedding, FinalNorm, FinalRMSNorm, LlamaBlock, LMHead, MLMHead, TokenEmbedding,
+                     init_weights)
 from .presets import ModelSpec
 
 
@@ -20,16 +21,25 @@ def build_layer(spec: ModelSpec, index: int, seed: int, sparse_embedding: bool =
     n = len(layer_names(spec))
     if not 0 <= index < n:
         raise IndexError(f"layer {index} out of range for {spec.name} ({n} layers)")
+    llama = spec.arch == "llama"
     if index == 0:
-        layer: nn.Module = Embedding(spec.vocab_size, spec.d_model, spec.max_seq_len, sparse=sparse_embedding)
+        layer: nn.Module = TokenEmbedding(spec.vocab_size, spec.d_model, sparse=sparse_embedding) if llama else \
+            Embedding(spec.vocab_size, spec.d_model, spec.max_seq_len, sparse=sparse_embedding)
     elif index <= spec.n_layers:
-        layer = Block(spec.d_model, spec.n_heads, spec.d_ff, causal=spec.arch == "gpt", dropout=spec.dropout)
+        layer = LlamaBlock(spec.d_model, spec.n_heads, spec.kv_heads, spec.d_ff, spec.max_seq_len, spec.rope_theta,
+                           spec.norm_eps) if llama else \
+            Block(spec.d_model, spec.n_heads, spec.d_ff, causal=spec.causal, dropout=spec.dropout,
+                  activation=spec.activation, eps=spec.norm_eps)
     elif index == spec.n_layers + 1:
-        layer = FinalNorm(spec.d_model)
+        layer = FinalRMSNorm(spec.d_model, eps=spec.norm_eps) if llama else FinalNorm(spec.d_model, eps=spec.norm_eps)
     else:
-        layer = LMHead(spec.d_model, spec.vocab_size) if spec.arch == "gpt" else MLMHead(spec.d_model, spec.vocab_size)
+        layer = MLMHead(spec.d_model, spec.vocab_size) if spec.arch == "bert" else LMHead(spec.d_model, spec.vocab_size)
     gen = torch.Generator().manual_seed(seed * 1_000_003 + index)
     init_weights(layer, spec.n_layers, gen)
+    if spec.weights is not None:  # a Hugging Face model's own weights: only this layer's tensors are read
+        from .hf import load_layer
+
+        load_layer(spec, index, layer)
     if spec.tie_embeddings and index == n - 1:  # a tied head starts as the embedding table
         with torch.no_grad():
             layer.proj.weight.copy_(build_layer(spec, 0, seed).tok.weight)
@@ -39,7 +49,7 @@ def build_layer(spec: ModelSpec, index: int, seed: int, sparse_embedding: bool =
 def tie_in_place(layers: list[nn.Module]) -> None:
     """Share one parameter between the token table and the head when both are here."""
     first, last = layers[0], layers[-1]
-    if isinstance(first, Embedding) and isinstance(last, (LMHead, MLMHead)):
+    if isinstance(first, (Embedding, TokenEmbedding)) and isinstance(last, (LMHead, MLMHead)):
         last.proj.weight = first.tok.weight
 
 
@@ -64,6 +74,10 @@ def layer_param_numels(spec: ModelSpec) -> list[list[int]]:
     """Each layer's parameters' sizes in registration order (the order of a stage's flat
     gradient), from the shapes alone (no tensors): cheap even for gpt2-xl."""
     d, v, f = spec.d_model, spec.vocab_size, spec.d_ff
+    if spec.arch == "llama":
+        kv = spec.kv_heads * (d // spec.n_heads)
+        block = [d, d * d, kv * d, kv * d, d * d, d, f * d, f * d, d * f]  # attn_norm q k v o mlp_norm gate up down
+        return [[v * d], *([block] * spec.n_layers), [d], [d * v]]
     block = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, f * d, f, d * f, d]  # ln1 qkv proj ln2 fc out
     head = [d * v] if spec.arch == "gpt" else [d * d, d, d, d, d * v, v]
     return [[v * d, spec.max_seq_len * d], *([block] * spec.n_layers), [d, d], head]
@@ -72,7 +86,7 @@ def layer_param_numels(spec: ModelSpec) -> list[list[int]]:
 def tied_head_param(spec: ModelSpec) -> int:
     """Position of the output projection's weight (tied to the token table, parameter 0 of
     the embedding layer) among the head layer's parameters."""
-    return 0 if spec.arch == "gpt" else 4  # MLM head: dense w, b, norm w, b, then proj.weight
+    return 4 if spec.arch == "bert" else 0  # MLM head: dense w, b, norm w, b, then proj.weight
 
 
 def layer_param_counts(spec: ModelSpec) -> list[int]:

@@ -89,14 +89,14 @@ def estimate(cfg, budget: float, where: str, **changes) -> Estimate:
 
 
 def host_budget(local_ranks: int) -> tuple[float, str]:
-    """(bytes per rank, what that is) on this machine: a CUDA device's free memory when
-    ranks run on GPUs, else the host's available memory shared by its local ranks."""
+    """(bytes per rank, what that is) on this machine: a CUDA device's capacity when ranks
+    run on GPUs (read without creating a context, which would hold memory on the device
+    for the whole job), else the host's available memory shared by its local ranks."""
     try:
         import torch
 
         if torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks:
-            free, _ = torch.cuda.mem_get_info()
-            return float(free), "free memory of a CUDA device"
+            return float(torch.cuda.get_device_properties(0).total_memory), "the memory of a CUDA device"
     except (ImportError, RuntimeError):
         pass
     available = _meminfo("MemAvailable") or float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

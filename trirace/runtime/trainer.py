@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -15,6 +16,9 @@ from tqdm import tqdm
 
 from ..config import TrainConfig
 from ..data import BatchSampler, load_tokens, split_held_out
+from ..data.dataset import tokenizer_file
+from ..models import hf
+from ..models.build import layer_param_numels
 from ..errors import Diverged, UsageError
 from ..optim import UpdateRule
 from ..comm.autotune import Tuner
@@ -36,15 +40,23 @@ from .stage import StageModel
 def sampler_for(cfg: TrainConfig, held_out: bool = False) -> BatchSampler:
     """Training micro-batches, or with `held_out` the evaluation ones. With --eval-every the
     corpus's tail is held out of training (data/dataset.py: split_held_out)."""
-    stream = load_tokens(cfg.data, cfg.spec.vocab_size)
+    stream = load_tokens(cfg.data, cfg.spec.vocab_size, tokenizer=model_tokenizer(cfg.spec))
     if cfg.eval_every:
         train, tail = split_held_out(stream, cfg.tokens_seq)
         stream = tail if held_out else train
     return BatchSampler(stream, cfg.tokens_seq, cfg.micro_batch_size, cfg.seed)
 
 
+def model_tokenizer(spec) -> Path | None:
+    """A Hugging Face model directory's own tokenizer.json, which its weights were trained with."""
+    if spec.source is None:
+        return None
+    f = Path(spec.source) / "tokenizer.json"
+    return f if f.is_file() else None
+
+
 def batch_fn(cfg: TrainConfig, sampler: BatchSampler) -> BatchFn:
-    return sampler.micro_batch if cfg.spec.arch == "gpt" else sampler.mlm_micro_batch
+    return sampler.micro_batch if cfg.spec.causal else sampler.mlm_micro_batch
 
 
 def measure_layers(cfg: TrainConfig, sampler: BatchSampler | None = None) -> list[float]:
@@ -128,6 +140,35 @@ class Trainer:
         if last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0):
             checkpoint.save(cfg.checkpoint_dir, step, self.groups.stage, self.model, self.ident)
 
+    def _export_hf(self) -> None:
+        """The trained weights as a Hugging Face directory: replica 0 of each stage writes
+        its own shard into DIR.partial, rank 0 adds the index, config.json and the tokenizer,
+        then renames it to DIR, so a failed job leaves no half-written model under DIR.
+        (Across nodes DIR must be on storage every node shares.)"""
+        cfg, g, spec = self.cfg, self.groups, self.cfg.spec
+        out = Path(cfg.export_hf)
+        part = out.with_name(out.name + ".partial")
+        if g.rank == 0:
+            shutil.rmtree(part, ignore_errors=True)
+            part.mkdir(parents=True)
+        g.control.barrier()
+        stage = self.plan.stages[g.stage]
+        if g.replica == 0:
+            module = self.model.module(self.schedule.steps)  # W(steps): what the last update published
+            hf.write_shard(part, g.stage, cfg.pp, hf.stage_tensors(spec, stage.layers, list(module)))
+        g.control.barrier()
+        if g.rank == 0:
+            keys = [[name for i in st.layers for name, _ in hf.names(spec, i)
+                     if not (name == "lm_head.weight" and spec.tie_embeddings)] for st in self.plan.stages]
+            sizes = [sum(n) for n in layer_param_numels(spec)]
+            total = 4 * (sum(sizes) - (sizes[-1] if spec.tie_embeddings else 0))  # a tied head is not stored
+            hf.write_index(part, spec, cfg.pp, keys, total,
+                           model_tokenizer(spec) or tokenizer_file(cfg.data, spec.vocab_size))
+            if out.exists():  # --overwrite (the pre-check refused a non-empty one without it)
+                shutil.rmtree(out)
+            part.rename(out)
+        g.control.barrier()
+
     def _agree_on_layer_times(self, topology: Topology) -> list[float] | None:
         """Per-layer times where the plan weighs them: to balance the stages, and for auto
         placement across nodes. Measured times differ between ranks, so rank 0 measures and
@@ -184,6 +225,8 @@ class Trainer:
             metrics.flush()
             if evaluator:
                 evaluator.wait_sends()
+            if cfg.export_hf is not None:
+                self._export_hf()
             if cfg.trace_out is not None:
                 _write_trace(cfg.trace_out, rec, t_start, g)
             g.control.barrier()
@@ -296,13 +339,17 @@ def _rss_mb() -> float:
 
 
 def _peak_rss_mb() -> float:
-    """The process's peak resident memory so far (getrusage; kilobytes on Linux)."""
+    """This process's peak resident memory so far: VmHWM, the high-water mark of its own
+    address space. (Not getrusage's ru_maxrss, which Linux carries across exec: a worker
+    started from a large parent would report the parent's size.)"""
     try:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    except (ImportError, OSError):
-        return 0.0
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return 0.0
 
 
 def _write_trace(out_dir: Path, rec: Recorder, t_start: float, g: Groups) -> None:

@@ -1,0 +1,110 @@
+"""`trirace generate`: sample text from a trained model on one process.
+
+The model comes from a trirace checkpoint directory (its newest complete step: each
+stage's master weights, put back together in layer order) or from a Hugging Face
+directory (one that --export-hf wrote, or any GPT-2 / Llama one). The tokenizer is the
+directory's tokenizer.json, or else the BPE trirace trained on the run's --data.
+Decoding is greedy (--top-k 1, the default) or top-k sampling at a temperature, with a
+seeded generator: the same command prints the same text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from .data.dataset import tokenizer_file
+from .errors import UsageError
+from .models import build_layers
+from .models.build import tie_in_place
+from .models.shape_file import resolve
+
+
+def load_model(directory: str | Path) -> tuple[torch.nn.Sequential, object, Path]:
+    """(model in eval mode, its ModelSpec, the directory) from a checkpoint or HF directory."""
+    d = Path(directory)
+    if (d / "config.json").is_file():
+        spec = resolve(f"hf:{d}")
+        layers = build_layers(spec, seed=0)
+        if spec.tie_embeddings:
+            tie_in_place(layers)
+        return torch.nn.Sequential(*layers).eval(), spec, d
+    from .runtime.checkpoint import latest
+
+    metas = sorted(d.glob("step-*/meta.json"))
+    if not metas:
+        raise UsageError(f"{d}: neither a Hugging Face directory (config.json) nor a trirace checkpoint "
+                         "directory (step-*/meta.json)")
+    meta = json.loads(metas[-1].read_text())
+    step_dir = latest(d, meta["pp"])
+    if step_dir is None:
+        raise UsageError(f"{d}: no complete checkpoint step")
+    meta = json.loads((step_dir / "meta.json").read_text())
+    spec = resolve(meta["model"])
+    spec = spec.with_(tie_embeddings=True) if meta.get("tie_embeddings") else spec
+    layers = build_layers(spec, seed=0)
+    start = 0
+    for stage, size in enumerate(meta["partition"]):
+        state = torch.load(step_dir / f"stage-{stage}.pt", weights_only=True, map_location="cpu")
+        own = [p for layer in layers[start:start + size] for p in layer.parameters()]
+        if len(own) != len(state["master"]):
+            raise UsageError(f"{step_dir}: stage {stage} holds {len(state['master'])} tensors, the model "
+                             f"{meta['model']} {len(own)}")
+        with torch.no_grad():
+            for p, w in zip(own, state["master"]):
+                p.copy_(w)
+        start += size
+    if spec.tie_embeddings:  # the head's copy equals the table's (the tied reduction keeps them so)
+        tie_in_place(layers)
+    return torch.nn.Sequential(*layers).eval(), spec, step_dir
+
+
+def find_tokenizer(directory: Path, spec, data: str) -> Tokenizer:
+    for f in (directory / "tokenizer.json", directory.parent / "tokenizer.json"):
+        if f.is_file():
+            return Tokenizer.from_file(str(f))
+    if spec.source is not None and (Path(spec.source) / "tokenizer.json").is_file():
+        return Tokenizer.from_file(str(Path(spec.source) / "tokenizer.json"))
+    f = tokenizer_file(data, spec.vocab_size)
+    if f is None:
+        raise UsageError(f"no tokenizer.json in {directory}, and no tokenizer trained on --data {data!r} in the "
+                         "cache (train on that data first, or give the data the model was trained on)")
+    return Tokenizer.from_file(str(f))
+
+
+@torch.no_grad()
+def generate(model: torch.nn.Module, ids: list[int], max_new_tokens: int, max_seq_len: int, top_k: int = 1,
+             temperature: float = 1.0, seed: int = 0) -> list[int]:
+    """Continue `ids` by `max_new_tokens` tokens (the context is cut to the model's window)."""
+    g = torch.Generator().manual_seed(seed)
+    out = list(ids)
+    for _ in range(max_new_tokens):
+        x = torch.tensor([out[-max_seq_len:]])
+        logits = model(x)[0, -1].float()
+        if top_k == 1:
+            nxt = int(logits.argmax())
+        else:
+            vals, idx = logits.topk(min(top_k, logits.numel()))
+            probs = torch.softmax(vals / temperature, dim=-1)
+            nxt = int(idx[torch.multinomial(probs, 1, generator=g)])
+        out.append(nxt)
+    return out
+
+
+def main(directory: str, prompt: str, max_new_tokens: int, top_k: int, temperature: float, seed: int,
+         data: str) -> int:
+    if max_new_tokens < 1 or top_k < 1 or not temperature > 0:
+        raise UsageError("--max-new-tokens and --top-k must be at least 1, --temperature above 0")
+    model, spec, where = load_model(directory)
+    tok = find_tokenizer(Path(directory), spec, data)
+    ids = tok.encode(prompt).ids
+    if not ids:
+        raise UsageError("the prompt encodes to no tokens")
+    if max(ids) >= spec.vocab_size:
+        raise UsageError(f"the tokenizer gives ids up to {max(ids)}, beyond the model's {spec.vocab_size} tokens")
+    out = generate(model, ids, max_new_tokens, spec.max_seq_len, top_k, temperature, seed)
+    print(tok.decode(out))
+    return 0
