@@ -113,24 +113,63 @@ def names(spec, index: int) -> list[tuple[str, bool]]:
     raise UsageError(f"no Hugging Face layout for arch {spec.arch!r}")
 
 
+def _safe_open():
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise UsageError("hf: models need the optional extra: pip install 'trirace[hf]'") from None
+    return safe_open
+
+
+def stored_shapes(spec, index: int) -> list[tuple[int, ...]]:
+    """The shapes layer `index`'s tensors have in a Hugging Face file, in `names` order."""
+    d, v, f, n = spec.d_model, spec.vocab_size, spec.d_ff, spec.n_layers
+    if spec.arch == "gpt":
+        if index == 0:
+            return [(v, d), (spec.max_seq_len, d)]
+        if index <= n:
+            return [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,), (d,), (d,), (d, f), (f,), (f, d), (d,)]
+        return [(d,), (d,)] if index == n + 1 else [(v, d)]
+    kv = spec.kv_heads * (d // spec.n_heads)
+    if index == 0:
+        return [(v, d)]
+    if index <= n:
+        return [(d,), (d, d), (kv, d), (kv, d), (d, d), (d,), (f, d), (f, d), (d, f)]
+    return [(d,)] if index == n + 1 else [(v, d)]
+
+
+def check_weights(spec) -> None:
+    """Every tensor the config implies is in the files, with the shape it implies: read
+    from the safetensors headers only, before any process starts."""
+    safe_open = _safe_open()
+    path = Path(spec.weights)
+    where = _files(path)
+    for index in range(spec.n_layers + 3):
+        for (name, _), shape in zip(names(spec, index), stored_shapes(spec, index)):
+            if name not in where:
+                if name == "lm_head.weight" and spec.tie_embeddings:
+                    continue
+                raise UsageError(f"hf model {path}: weights lack {name}")
+            with safe_open(str(where[name]), framework="pt") as f:
+                got = tuple(f.get_slice(name).get_shape())
+            if got != shape:
+                raise UsageError(f"hf model {path}: {name} has shape {list(got)} but config.json makes it "
+                                 f"{list(shape)}")
+
+
 def _files(path: Path) -> dict[str, Path]:
     """Tensor name -> the safetensors file holding it."""
     if (path / INDEX).is_file():
         index = json.loads((path / INDEX).read_text())["weight_map"]
         return {k: path / v for k, v in index.items()}
-    from safetensors import safe_open
-
-    with safe_open(str(path / WEIGHTS), framework="pt") as f:
+    with _safe_open()(str(path / WEIGHTS), framework="pt") as f:
         return {k: path / WEIGHTS for k in f.keys()}
 
 
 @torch.no_grad()
 def load_layer(spec, index: int, layer: nn.Module) -> None:
     """Copy layer `index`'s tensors from the spec's safetensors into `layer` (shapes checked)."""
-    try:
-        from safetensors import safe_open
-    except ImportError:
-        raise UsageError("hf: models need the optional extra: pip install 'trirace[hf]'") from None
+    safe_open = _safe_open()
     path = Path(spec.weights)
     where = _files(path)
     params = list(layer.parameters())

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ..errors import UsageError
 from ..yamlfile import read_mapping
-from .hf import is_hf, spec_from_hf
+from .hf import check_weights, is_hf, spec_from_hf
 from .presets import PRESETS, ModelSpec
 
 
@@ -57,7 +57,10 @@ class ShapeFile(BaseModel):
 
 @functools.lru_cache(maxsize=16)
 def _hf(model: str, _stamp: int) -> ModelSpec:
-    return spec_from_hf(model)
+    spec = spec_from_hf(model)
+    if spec.weights is not None:
+        check_weights(spec)
+    return spec
 
 
 def is_shape_file(model: str) -> bool:

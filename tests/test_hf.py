@@ -1,0 +1,136 @@
+"""Hugging Face models in and out, against `transformers` itself: tiny GPT-2 and Llama
+models made here with random init (nothing is downloaded) train at pp=2 x dp=2 from
+hf:DIR, export with --export-hf, and load back in transformers with the same logits as
+trirace's own forward of the trained weights. Then generation, and bad directories."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+
+from trirace.cli import main  # noqa: E402
+from trirace.config import make_config  # noqa: E402
+from trirace.generate import load_model  # noqa: E402
+from trirace.models import lm_loss  # noqa: E402
+from trirace.runtime import run_local  # noqa: E402
+from trirace.runtime.trainer import batch_fn, sampler_for  # noqa: E402
+
+TEXT = "".join(f"def add_{i}(a, b):\n    return a + b * {i % 7}\n\n" for i in range(600))
+
+
+def _tokenizer(vocab: int) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                        show_progress=False))
+    return tok
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """Both families saved by transformers, each with a tokenizer.json, and a text corpus."""
+    root = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(0)
+    gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=512, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0))
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=160, max_position_embeddings=64, bos_token_id=0, eos_token_id=0))
+    tok = _tokenizer(512)
+    for name, m in (("gpt2", gpt), ("llama", llama)):
+        m.save_pretrained(root / name)
+        tok.save(str(root / name / "tokenizer.json"))
+    (root / "corpus.txt").write_text(TEXT)
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(made):
+    """3 steps of 1f1b at pp=2 x dp=2 from each directory, checkpointed and exported."""
+    cfgs = {name: make_config(model=f"hf:{made / name}", data=str(made / "corpus.txt"), pp=2, dp=2,
+                              schedule="1f1b", steps=3, micro_batches=2, micro_batch_size=2, seq_len=32,
+                              progress=False, balance="params", checkpoint_dir=made / f"{name}-ck",
+                              export_hf=made / f"{name}-out")
+            for name in ("gpt2", "llama")}
+    results = run_local(list(cfgs.values()), timeout_s=240)
+    return {name: (cfg, rows) for (name, cfg), rows in zip(cfgs.items(), results)}
+
+
+@pytest.mark.parametrize("name, cls", [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM")])
+def test_step_0_is_the_transformers_models_loss(made, trained, name, cls):
+    """Step 0 computes on the directory's weights, tokenised with its tokenizer.json."""
+    cfg, rows = trained[name]
+    ref = getattr(transformers, cls).from_pretrained(made / name).eval()
+    batch = batch_fn(cfg, sampler_for(cfg))
+    n = cfg.dp * cfg.micro_batches
+    with torch.no_grad():
+        want = sum(lm_loss(ref(x).logits, y).item() for x, y in (batch(0, i) for i in range(n))) / n
+    assert rows[0]["loss"] == pytest.approx(want, rel=1e-5)
+    assert rows[-1]["loss"] != rows[0]["loss"]
+
+
+@pytest.mark.parametrize("name, cls", [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM")])
+def test_export_loads_in_transformers_with_trirace_logits(made, trained, name, cls):
+    out = made / f"{name}-out"
+    assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
+    assert not (made / f"{name}-out.partial").exists()
+    exported = getattr(transformers, cls).from_pretrained(out).eval()
+    ours, _, _ = load_model(made / f"{name}-ck")  # trirace's own forward on the checkpointed weights
+    x = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        a, b = ours(x), exported(x).logits
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max())), float((a - b).abs().max())
+    original = getattr(transformers, cls).from_pretrained(made / name).eval()
+    with torch.no_grad():
+        assert not torch.allclose(original(x).logits, b)  # it is the trained model, not the one it started from
+
+
+def test_generate_is_deterministic_and_reads_both_kinds(made, trained, capsys):
+    args = ["--prompt", "def add_3(a, b):", "--max-new-tokens", "8"]
+    assert main(["generate", "--checkpoint", str(made / "llama-out"), *args]) == 0
+    from_export = capsys.readouterr().out
+    assert from_export.startswith("def add_3(a, b):") and len(from_export) > len("def add_3(a, b):")
+    assert main(["generate", "--checkpoint", str(made / "llama-out"), *args]) == 0
+    assert capsys.readouterr().out == from_export
+    # The checkpoint has no tokenizer.json of its own: the model's source directory lends it.
+    assert main(["generate", "--checkpoint", str(made / "llama-ck"), *args]) == 0
+    assert capsys.readouterr().out == from_export  # the same weights, greedy: the same text
+    assert main(["generate", "--checkpoint", str(made / "gpt2-out"), *args, "--top-k", "5", "--seed", "3"]) == 0
+    assert capsys.readouterr().out.startswith("def add_3(a, b):")
+
+
+def _one_line_exit_2(capsys, argv, why):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and why in err, err
+
+
+def test_bad_directories_and_exports(made, tmp_path, capsys):
+    train = ["train", "--data", "synthetic", "--dry-run"]
+    _one_line_exit_2(capsys, [*train[:1], "--model", f"hf:{tmp_path}", *train[1:]], "no config.json")
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 10}))
+    _one_line_exit_2(capsys, [*train[:1], "--model", f"hf:{bert}", *train[1:]], "unsupported architecture")
+    wrong = tmp_path / "wrong"
+    shutil.copytree(made / "llama", wrong)
+    config = json.loads((wrong / "config.json").read_text())
+    (wrong / "config.json").write_text(json.dumps({**config, "intermediate_size": 128}))
+    _one_line_exit_2(capsys, [*train[:1], "--model", f"hf:{wrong}", *train[1:]], "has shape")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    _one_line_exit_2(capsys, [*train[:1], "--model", "gpt-test", "--export-hf", str(full), *train[1:]],
+                     "--overwrite")
+    assert [p.name for p in full.iterdir()] == ["keep.txt"]
+    _one_line_exit_2(capsys, [*train[:1], "--model", "bert-test", "--export-hf", str(tmp_path / "x"), *train[1:]],
+                     "export_hf")
+    assert main([*train[:1], "--model", "gpt-test", "--export-hf", str(full), "--overwrite", *train[1:]]) == 0
