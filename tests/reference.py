@@ -46,9 +46,10 @@ def _batch_grad(cfg: TrainConfig, model, batch, step: int) -> float:
     """Accumulate the mean-over-global-batch gradient into model; return the mean loss."""
     n = cfg.dp * cfg.micro_batches
     losses = []
+    loss_fn = cfg.spec.custom.loss if cfg.spec.custom is not None and cfg.spec.custom.loss else lm_loss
     for j in range(n):
         x, y = batch(step, j)
-        loss = lm_loss(model(x), y)
+        loss = loss_fn(model(x), y)
         (loss / n).backward()
         losses.append(loss.item())
     return sum(losses) / n

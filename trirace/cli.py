@@ -26,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
 def _add_config_flags(p: argparse.ArgumentParser, model: type[TrainConfig], only: tuple[str, ...] | None = None) -> None:
     p.add_argument("--config", metavar="FILE.yaml", help="YAML file with the same keys as the flags")
     for name, field in model.model_fields.items():
-        if only is not None and name not in only:
+        if (only is not None and name not in only) or name == "layer_model":  # layer_model: Python API only
             continue
         flag = "--" + name.replace("_", "-")
         kind = field.annotation

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ConfigError, UsageError
 from .yamlfile import read_mapping
 from .models import PRESETS, ModelSpec, layer_names, layer_param_counts
+from .models.custom import spec_of
 from .models.shape_file import resolve as resolve_model
 from .plan.partition import balance, check_sizes
 from .plan.layout import Layout, is_order
@@ -87,10 +88,15 @@ class TrainConfig(BaseModel):
                                    "(config.json, safetensors shards, the tokenizer when there is one)")
     overwrite: bool = Field(False, description="let --export-hf replace a directory that is not empty")
     progress: bool = Field(True, description="show a progress bar")
+    # Set by trirace.train(cfg, model=LayerModel(...)): how every process finds your layers
+    # (models/custom.py). Not a flag.
+    layer_model: dict | None = Field(None, description="(Python API) a reference to your own layer list")
 
     @field_validator("model")
     @classmethod
     def _known_model(cls, v: str) -> str:
+        if v == "custom":  # checked against layer_model below
+            return v
         try:
             resolve_model(v)
         except UsageError as e:  # pydantic reports only ValueErrors raised in validators
@@ -128,7 +134,12 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":
-        spec = resolve_model(self.model)
+        if (self.model == "custom") != (self.layer_model is not None):
+            raise ValueError("model 'custom' comes with layer_model, from trirace.train(cfg, model=LayerModel(...))")
+        try:
+            spec = self.spec
+        except UsageError as e:
+            raise ValueError(str(e)) from None
         n_layers = len(layer_names(spec))
         if self.pp > n_layers:
             raise ValueError(f"pp={self.pp} is more stages than {self.model}'s {n_layers} layers")
@@ -141,7 +152,7 @@ class TrainConfig(BaseModel):
             raise ValueError("resume needs checkpoint_dir")
         if self.min_lr > self.learning_rate:
             raise ValueError(f"min_lr {self.min_lr:g} is above the learning rate {self.learning_rate:g}")
-        if self.clip_grad is not None and self.tie_embeddings and self.pp > 1:
+        if self.clip_grad is not None and spec.tie_embeddings and self.pp > 1:
             # The tied gradient is the sum of two stages' parts, known only at the update:
             # the norm each stage contributes earlier would count it wrongly.
             raise ValueError("clip_grad with tie_embeddings across stages (pp > 1) is not supported yet")
@@ -167,8 +178,8 @@ class TrainConfig(BaseModel):
     # Derived values, so that callers never recompute defaults differently.
     @property
     def spec(self) -> ModelSpec:
-        spec = resolve_model(self.model)
-        return spec.with_(tie_embeddings=True) if self.tie_embeddings else spec
+        spec = spec_of(self.layer_model) if self.layer_model is not None else resolve_model(self.model)
+        return spec.with_(tie_embeddings=True) if self.tie_embeddings and spec.custom is None else spec
 
     @property
     def world_size(self) -> int:

@@ -30,7 +30,7 @@ def load_model(directory: str | Path) -> tuple[torch.nn.Sequential, object, Path
         spec = resolve(f"hf:{d}")
         layers = build_layers(spec, seed=0)
         if spec.tie_embeddings:
-            tie_in_place(layers)
+            tie_in_place(layers, spec)
         return torch.nn.Sequential(*layers).eval(), spec, d
     from .runtime.checkpoint import latest
 
@@ -58,7 +58,7 @@ def load_model(directory: str | Path) -> tuple[torch.nn.Sequential, object, Path
                 p.copy_(w)
         start += size
     if spec.tie_embeddings:  # the head's copy equals the table's (the tied reduction keeps them so)
-        tie_in_place(layers)
+        tie_in_place(layers, spec)
     return torch.nn.Sequential(*layers).eval(), spec, step_dir
 
 

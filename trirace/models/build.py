@@ -13,7 +13,9 @@ from .presets import ModelSpec
 
 
 def layer_names(spec: ModelSpec) -> list[str]:
-    head = "lm_head" if spec.arch == "gpt" else "mlm_head"
+    if spec.custom is not None:
+        return [f"layer{i}" for i in range(spec.n_layers)]
+    head = "mlm_head" if spec.arch == "bert" else "lm_head"
     return ["embedding", *(f"block{i}" for i in range(spec.n_layers)), "final_norm", head]
 
 
@@ -21,6 +23,12 @@ def build_layer(spec: ModelSpec, index: int, seed: int, sparse_embedding: bool =
     n = len(layer_names(spec))
     if not 0 <= index < n:
         raise IndexError(f"layer {index} out of range for {spec.name} ({n} layers)")
+    if spec.custom is not None:
+        layer = spec.custom.build(index, seed)
+        if spec.tie_embeddings and index == n - 1:  # the tied head starts as the table
+            with torch.no_grad():
+                _param(layer, head_name(spec)).copy_(_param(build_layer(spec, 0, seed), table_name(spec)))
+        return layer
     llama = spec.arch == "llama"
     if index == 0:
         layer: nn.Module = TokenEmbedding(spec.vocab_size, spec.d_model, sparse=sparse_embedding) if llama else \
@@ -46,10 +54,36 @@ def build_layer(spec: ModelSpec, index: int, seed: int, sparse_embedding: bool =
     return layer
 
 
-def tie_in_place(layers: list[nn.Module]) -> None:
+def table_name(spec: ModelSpec) -> str | None:
+    """The token table's parameter name within the first layer (None: a custom first layer
+    without an nn.Embedding)."""
+    return spec.custom.traced[3] if spec.custom is not None else "tok.weight"
+
+
+def head_name(spec: ModelSpec) -> str:
+    """The output projection's parameter name within the last layer (what a tie shares)."""
+    return spec.custom.tie[1].split(".", 1)[1] if spec.custom is not None else "proj.weight"
+
+
+def table_index(spec: ModelSpec) -> int | None:
+    """Position of the token table among the first layer's parameters."""
+    if spec.custom is None:
+        return 0
+    name = table_name(spec)
+    return None if name is None else spec.custom.traced[2][0].index(name)
+
+
+def _param(layer: nn.Module, name: str) -> nn.Parameter:
+    return layer.get_parameter(name)
+
+
+def tie_in_place(layers: list[nn.Module], spec: ModelSpec | None = None) -> None:
     """Share one parameter between the token table and the head when both are here."""
     first, last = layers[0], layers[-1]
-    if isinstance(first, (Embedding, TokenEmbedding)) and isinstance(last, (LMHead, MLMHead)):
+    if spec is not None and spec.custom is not None:
+        owner, _, attr = head_name(spec).rpartition(".")
+        setattr(last.get_submodule(owner) if owner else last, attr, _param(first, table_name(spec)))
+    elif isinstance(first, (Embedding, TokenEmbedding)) and isinstance(last, (LMHead, MLMHead)):
         last.proj.weight = first.tok.weight
 
 
@@ -62,7 +96,7 @@ def build_model(spec: ModelSpec, seed: int, sparse_embedding: bool = False) -> n
     """The whole model in one process: the reference every parallel run must reproduce."""
     layers = build_layers(spec, seed, sparse_embedding=sparse_embedding)
     if spec.tie_embeddings:
-        tie_in_place(layers)
+        tie_in_place(layers, spec)
     return nn.Sequential(*layers)
 
 
@@ -73,6 +107,8 @@ def count_params(layers) -> int:
 def layer_param_numels(spec: ModelSpec) -> list[list[int]]:
     """Each layer's parameters' sizes in registration order (the order of a stage's flat
     gradient), from the shapes alone (no tensors): cheap even for gpt2-xl."""
+    if spec.custom is not None:
+        return spec.custom.traced[1]
     d, v, f = spec.d_model, spec.vocab_size, spec.d_ff
     if spec.arch == "llama":
         kv = spec.kv_heads * (d // spec.n_heads)
@@ -86,6 +122,8 @@ def layer_param_numels(spec: ModelSpec) -> list[list[int]]:
 def tied_head_param(spec: ModelSpec) -> int:
     """Position of the output projection's weight (tied to the token table, parameter 0 of
     the embedding layer) among the head layer's parameters."""
+    if spec.custom is not None:  # (untied: 0, which nothing reads)
+        return spec.custom.traced[2][-1].index(head_name(spec)) if spec.custom.tie else 0
     return 4 if spec.arch == "bert" else 0  # MLM head: dense w, b, norm w, b, then proj.weight
 
 

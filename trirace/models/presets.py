@@ -3,7 +3,7 @@ machines and the simulator."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class ModelSpec:
     activation: str = "gelu"  # the GPT/BERT MLP's: "gelu" (exact) or "gelu_tanh" (GPT-2's gelu_new)
     source: str | None = None  # a Hugging Face directory this shape came from (hf:DIR)
     weights: str | None = None  # that directory, when it holds safetensors weights to start from
+    custom: object = field(default=None, compare=False, repr=False)  # a LayerModel (arch "custom")
 
     @property
     def d_ff(self) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from ..comm import sparse as sparse_cost
 from ..comm.policies import Policy, stage_policy
 from ..config import TrainConfig
-from ..models.build import layer_param_numels, tied_head_param
+from ..models.build import layer_param_numels, table_index, tied_head_param
 from . import placement
 from .bounds import plan_link_bytes
 from .layout import Layout
@@ -197,7 +197,7 @@ def _stages(cfg: TrainConfig, topology: Topology, sizes: list[int], layout: Layo
             tied_param = 0
         elif tied and is_last:
             tied_param = head_tied - first
-        sparse = 0 if is_first and cfg.embedding_comm != "dense" and cfg.dp > 1 else None
+        sparse = table_index(spec) if is_first and cfg.embedding_comm != "dense" and cfg.dp > 1 else None
         elem = 2 if cfg.grad_comm_dtype == "bf16" else 4
         hier = policy.hierarchical and hierarchical_pays(topology, list(ranks), elem * sum(numels))
         stages.append(StagePlan(s, layers, ranks, link_cls, policy, hier, tuple(numels), sparse, tied_param, elem))

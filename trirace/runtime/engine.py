@@ -48,10 +48,12 @@ class Engine:
     def __init__(self, schedule: Schedule, model: StageModel, groups: Groups, comm: Comm, batch: BatchFn,
                  device: torch.device, recorder: Recorder,
                  on_step: Callable[[StepRecord], None] | None = None, delay_s: float = 0.0,
-                 kill_step: int | None = None, rule: UpdateRule | None = None, precision: str = "fp32"):
+                 kill_step: int | None = None, rule: UpdateRule | None = None, precision: str = "fp32",
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss):
         self.sched, self.model, self.g, self.comm, self.batch = schedule, model, groups, comm, batch
         # bf16: autocast runs matmuls in bf16; weights, the loss and what crosses stages stay fp32.
         self.autocast = precision == "bf16"
+        self.loss_fn = loss_fn
         self.rule = rule or UpdateRule(lr=model.optimizer.param_groups[0]["lr"], steps=schedule.steps)
         self.device, self.rec, self.on_step = device, recorder, on_step
         self.delay_s = delay_s  # an injected straggler: extra time after every forward
@@ -89,7 +91,7 @@ class Engine:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             y = module(x)
             if self.model.is_last:
-                loss = lm_loss(y, self.batch(*self._global_index(k))[1].to(self.device))
+                loss = self.loss_fn(y, self.batch(*self._global_index(k))[1].to(self.device))
         if not self.model.is_last and y.dtype != torch.float32:  # the next stage receives fp32
             y = y.float()
         if self.model.is_last:

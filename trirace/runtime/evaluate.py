@@ -24,10 +24,11 @@ from .stage import StageModel
 
 class Evaluator:
     def __init__(self, model: StageModel, groups: Groups, batch: BatchFn, batches: int, every: int, steps: int,
-                 activation_shape: tuple[int, ...], device: torch.device, precision: str):
+                 activation_shape: tuple[int, ...], device: torch.device, precision: str, loss_fn=lm_loss):
         self.model, self.g, self.batch, self.batches = model, groups, batch, batches
         self.every, self.steps, self.shape, self.device = every, steps, activation_shape, device
         self.autocast = precision == "bf16"
+        self.loss_fn = loss_fn
         self.sending: list[tuple[Handle, torch.Tensor]] = []
 
     def due(self, global_step: int) -> bool:
@@ -50,7 +51,7 @@ class Evaluator:
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                 y = module(x)
                 if self.model.is_last:
-                    total += lm_loss(y, targets.to(self.device)).item()
+                    total += self.loss_fn(y, targets.to(self.device)).item()
                     count += 1
             if not self.model.is_last:
                 comm, peer = self.g.eval_p2p["send"]

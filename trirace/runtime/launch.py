@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..config import TrainConfig
+from ..config import TrainConfig, make_config
 from .. import preflight
 from ..errors import Diverged, UsageError
 from ..plan.memory import check_memory
@@ -61,9 +61,14 @@ def quit_now(status: int) -> typing.NoReturn:
     os._exit(status)
 
 
-def train(cfg: TrainConfig) -> list[dict] | None:
+def train(cfg: TrainConfig, model=None) -> list[dict] | None:
     """Train with `cfg`: under torchrun on this process's rank, otherwise by spawning
-    cfg.pp * cfg.dp local processes. Returns the per-step metrics (on the reporter rank)."""
+    cfg.pp * cfg.dp local processes. Returns the per-step metrics (on the reporter rank).
+    `model`: your own layers (a trirace.LayerModel) instead of cfg.model."""
+    if model is not None:
+        with tempfile.TemporaryDirectory(prefix="trirace-model-") as scratch:  # a layer list's file lives here
+            ref = model.ref(Path(scratch) if not under_torchrun() else None)
+            return train(make_config({**cfg.model_dump(), "model": "custom", "layer_model": ref}))
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         if world != cfg.world_size:

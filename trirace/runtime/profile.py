@@ -26,7 +26,7 @@ def profile_layers(spec: ModelSpec, inputs: torch.Tensor, targets: torch.Tensor,
             t0 = time.perf_counter()
             y = layer(x)
             if i == len(layers) - 1:
-                lm_loss(y, targets).backward()
+                (spec.custom.loss if spec.custom is not None and spec.custom.loss else lm_loss)(y, targets).backward()
             else:
                 y.backward(torch.ones_like(y))
             best = min(best, time.perf_counter() - t0)

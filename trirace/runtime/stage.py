@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..models import ModelSpec, build_layers, layer_names
-from ..models.build import tie_in_place
+from ..models.build import head_name, table_name, tie_in_place
 from ..models.layers import Block
 from ..optim import make_optimizer
 
@@ -37,11 +37,12 @@ class StageModel:
         first, last = self.versions[0][0], self.versions[0][-1]
         # The token table (param index) whose gradient an embedding method exchanges, and the
         # parameter tied to another stage (table on the first stage, head on the last).
-        self.table = _index(params, first.tok.weight) if self.is_first else None
+        table = table_name(spec) if self.is_first else None
+        self.table = _index(params, first.get_parameter(table)) if table else None
         tied_elsewhere = spec.tie_embeddings and self.is_first != self.is_last
         self.tied = None
         if tied_elsewhere:
-            self.tied = self.table if self.is_first else _index(params, last.proj.weight)
+            self.tied = self.table if self.is_first else _index(params, last.get_parameter(head_name(spec)))
         self.flat_grads = [torch.zeros(sum(self.numels), device=device) for _ in range(n_versions)]
         for module, flat in zip(self.versions, self.flat_grads):
             offset = 0
@@ -54,8 +55,8 @@ class StageModel:
     @staticmethod
     def _layers(spec: ModelSpec, seed: int, layers: range) -> list[nn.Module]:
         built = build_layers(spec, seed, layers)
-        if spec.tie_embeddings:
-            tie_in_place(built)  # both ends on this stage: one shared parameter
+        if spec.tie_embeddings and layers.start == 0 and layers.stop == len(layer_names(spec)):
+            tie_in_place(built, spec)  # both ends on this stage: one shared parameter
         return built
 
     def grad_view(self, version: int, param: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from ..config import TrainConfig
 from ..data import BatchSampler, load_tokens, split_held_out
 from ..data.dataset import tokenizer_file
-from ..models import hf
+from ..models import hf, lm_loss
 from ..models.build import layer_param_numels
 from ..errors import Diverged, UsageError
 from ..optim import UpdateRule
@@ -53,6 +53,11 @@ def model_tokenizer(spec) -> Path | None:
         return None
     f = Path(spec.source) / "tokenizer.json"
     return f if f.is_file() else None
+
+
+def loss_of(spec):
+    """Your model's loss (LayerModel(loss=...)), or cross entropy over the vocabulary."""
+    return spec.custom.loss if spec.custom is not None and spec.custom.loss is not None else lm_loss
 
 
 def batch_fn(cfg: TrainConfig, sampler: BatchSampler) -> BatchFn:
@@ -194,7 +199,7 @@ class Trainer:
             metrics = _StepMetrics(cfg, g, comm, report, self.sizes, self.model)
             evaluator = Evaluator(self.model, g, batch_fn(cfg, sampler_for(cfg, held_out=True)), cfg.eval_batches,
                                   cfg.eval_every, cfg.steps, cfg.activation_shape, self.device,
-                                  cfg.precision) if cfg.eval_every else None
+                                  cfg.precision, loss_of(cfg.spec)) if cfg.eval_every else None
 
             def on_step(r: StepRecord) -> None:  # r.step counts from this run's first step
                 self._maybe_save(r.step + self.first_step)
@@ -206,7 +211,7 @@ class Trainer:
                             on_step=on_step,
                             delay_s=cfg.straggler[1] if cfg.straggler and cfg.straggler[0] == g.rank else 0.0,
                             kill_step=cfg.kill[1] if cfg.kill and cfg.kill[0] == g.rank and not _restarted() else None,
-                            rule=UpdateRule.of(cfg), precision=cfg.precision)
+                            rule=UpdateRule.of(cfg), precision=cfg.precision, loss_fn=loss_of(cfg.spec))
             g.control.barrier()
             t_start = metrics.last_end = rec.now()
             if report:
