@@ -125,6 +125,11 @@ def test_bad_directories_and_exports(made, tmp_path, capsys):
     config = json.loads((wrong / "config.json").read_text())
     (wrong / "config.json").write_text(json.dumps({**config, "intermediate_size": 128}))
     _one_line_exit_2(capsys, [*train[:1], "--model", f"hf:{wrong}", *train[1:]], "has shape")
+    bare = tmp_path / "bare"  # config only: a random init of that shape
+    bare.mkdir()
+    shutil.copy(made / "llama" / "config.json", bare / "config.json")
+    assert main([*train[:1], "--model", f"hf:{bare}", *train[1:]]) == 0
+    capsys.readouterr()
     full = tmp_path / "full"
     full.mkdir()
     (full / "keep.txt").write_text("mine")
