@@ -80,19 +80,36 @@ def held_out_loss(cfg: TrainConfig, model) -> float:
 
 
 def train_2bw(cfg: TrainConfig) -> list[float]:
-    """PipeDream-2BW's rule W(t+1) = W(t) - lr * grad f(W(t-1)), with W(-1) = W(0)."""
+    """PipeDream-2BW's rule W(t+1) = W(t) - lr * grad f(B(t-1)), where the buffer B(v) is
+    W(v), with B(-1) = B(0) = W(0). With delay compensation, "predict" makes B(v) =
+    2 W(v) - W(v-1) for v >= 1, and "dc" adds lambda g*g / sqrt(s) * (W(t) - B(t-1)) to
+    the (clipped) gradient, s being Adam's second moment (1 for SGD)."""
     torch.set_num_threads(1)
     current = build_model(cfg.spec, cfg.seed)  # W(t), owned by the optimizer
-    previous = copy.deepcopy(current)  # W(t-1), where step t's gradient is taken
+    take, then = copy.deepcopy(current), copy.deepcopy(current)  # B(t-1) for step t, B(t) for step t+1
     opt = _optimizer(cfg, current.parameters())
     batch = batch_fn(cfg, sampler_for(cfg))
     out = []
     for t in range(cfg.steps):
-        out.append(_batch_grad(cfg, previous, batch, t))
-        snapshot = copy.deepcopy(current)
-        for p, q in zip(current.parameters(), previous.parameters()):
-            p.grad = q.grad
-        _update(cfg, opt, list(current.parameters()), t)
+        out.append(_batch_grad(cfg, take, batch, t))
+        before = copy.deepcopy(current)
+        if cfg.clip_grad is not None:
+            torch.nn.utils.clip_grad_norm_(list(take.parameters()), cfg.clip_grad)
+        for p, q in zip(current.parameters(), take.parameters()):
+            g = q.grad
+            if cfg.delay_compensation == "dc":
+                v = opt.state.get(p, {}).get("exp_avg_sq")
+                h = g * g / (v.sqrt() + 1e-8) if v is not None else g * g
+                g = g + 2.0 * h * (p.detach() - q.detach())
+            p.grad = g
+        for group in opt.param_groups:
+            group["lr"] = _lr(cfg, t)
+        opt.step()
         opt.zero_grad(set_to_none=True)
-        previous = snapshot
+        published = copy.deepcopy(current)
+        if cfg.delay_compensation == "predict":
+            with torch.no_grad():
+                for w_next, w_now in zip(published.parameters(), before.parameters()):
+                    w_next.mul_(2.0).sub_(w_now)
+        take, then = then, published
     return out

@@ -41,6 +41,10 @@ def runs(request, tmp_path_factory):
                                           warmup_steps=3, clip_grad=0.5)
     cfgs["2bw-sgd-clip-blocking"] = make_config(base, schedule="2bw", optimizer="sgd", clip_grad=1.0,
                                                 comm_policy="blocking")
+    cfgs["2bw-predict"] = make_config(base, schedule="2bw", optimizer="adamw", delay_compensation="predict")
+    cfgs["2bw-dc-clip"] = make_config(base, schedule="2bw", optimizer="adamw", delay_compensation="dc", clip_grad=0.5)
+    cfgs["2bw-dc-sgd"] = make_config(base, schedule="2bw", optimizer="sgd", delay_compensation="dc",
+                                     comm_policy="blocking")
     cfgs["llama-1f1b"] = make_config(base, model="llama-test", schedule="1f1b")
     cfgs["llama-2bw"] = make_config(base, model="llama-test", schedule="2bw")
     shape = tmp_path_factory.mktemp("shape") / "my-llama.yaml"  # grouped-query heads, tied table, own widths
@@ -61,7 +65,8 @@ def test_sync_schedules_match_single_process(runs, kind):
     _close(losses, train_sync(cfg))
 
 
-@pytest.mark.parametrize("kind", ["2bw", "2bw-sgd", "2bw-clip-linear", "2bw-sgd-clip-blocking", "llama-2bw"])
+@pytest.mark.parametrize("kind", ["2bw", "2bw-sgd", "2bw-clip-linear", "2bw-sgd-clip-blocking", "llama-2bw",
+                                  "2bw-predict", "2bw-dc-clip", "2bw-dc-sgd"])
 def test_2bw_matches_delayed_update_rule(runs, kind):
     cfg, losses = runs[kind]
     _close(losses, train_2bw(cfg))
@@ -97,3 +102,12 @@ def test_clipping_and_schedules_act(runs, kind):
         assert lrs[cfg.warmup_steps - 1] == pytest.approx(cfg.learning_rate)
     if cfg.lr_schedule != "constant":
         assert lrs[-1] == pytest.approx(cfg.min_lr, abs=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["2bw-predict", "2bw-dc-clip"])
+def test_delay_compensation_changes_the_trajectory(runs, kind):
+    """The corrections act: the same run without them differs after the first steps."""
+    _, losses = runs[kind]
+    _, plain = runs["2bw"]
+    assert losses[:2] == plain[:2]  # steps 0 and 1 compute on W(0) either way
+    assert any(abs(a - b) > 1e-6 * abs(b) for a, b in zip(losses[2:], plain[2:]))

@@ -43,6 +43,8 @@ class TrainConfig(BaseModel):
     min_lr: float = Field(0.0, ge=0, description="where cosine and linear decay end")
     clip_grad: float | None = Field(
         None, gt=0, description="clip the global gradient norm (over every stage and replica) to this value")
+    delay_compensation: Literal["none", "predict", "dc"] = Field(
+        "none", description="2bw only: correct the one-step weight delay by weight prediction or DC-ASGD")
     on_nonfinite: Literal["stop", "skip"] = Field(
         "stop", description="a non-finite loss or gradient norm: stop the job (exit 3), or skip that update")
     precision: Literal["fp32", "bf16"] = Field(
@@ -150,6 +152,8 @@ class TrainConfig(BaseModel):
             raise ValueError(f"seq_len {self.seq_len} exceeds {self.model}'s maximum {spec.max_seq_len}")
         if self.resume != "off" and self.checkpoint_dir is None:
             raise ValueError("resume needs checkpoint_dir")
+        if self.delay_compensation != "none" and self.schedule != "2bw":
+            raise ValueError("delay_compensation corrects 2bw's weight delay; the other schedules have none")
         if self.min_lr > self.learning_rate:
             raise ValueError(f"min_lr {self.min_lr:g} is above the learning rate {self.learning_rate:g}")
         if self.clip_grad is not None and spec.tie_embeddings and self.pp > 1:

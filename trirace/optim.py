@@ -57,6 +57,30 @@ def clip_factor(norm: float, max_norm: float | None) -> float:
     return min(1.0, max_norm / (norm + 1e-6))
 
 
+# Delay compensation for 2BW, whose update W(t+1) = W(t) - lr g(W(t-1)) applies a gradient
+# taken one version back. Two corrections keep 2BW's two weight buffers and are elementwise,
+# so every communication policy still gives the same bits:
+# - "predict" (weight prediction, after PipeMare and XPipe): OPT t publishes
+#   2 W(t+1) - W(t), the last update extrapolated one step, so step t+2 takes its gradient
+#   at an estimate of W(t+2), the weights it will be applied to. W(t) is copied into the
+#   buffer being freed before the optimizer steps, so no third copy exists.
+# - "dc" (DC-ASGD-a): g += lambda g*g / sqrt(v) * (W(t) - W(t-1)), a first-order Taylor
+#   correction of the stale gradient with the diagonal outer-product approximation of the
+#   Hessian; v is Adam's second moment (1 for SGD).
+# Which one `--delay-compensation` recommends is what bench/convergence.py measured.
+DC_LAMBDA = 2.0
+
+
+@torch.no_grad()
+def dc_correct(grad: torch.Tensor, current: torch.Tensor, stale: torch.Tensor,
+               second_moment: torch.Tensor | None, lam: float = DC_LAMBDA) -> None:
+    """DC-ASGD-a in place: the gradient taken at `stale`, moved towards `current`."""
+    scale = grad * grad
+    if second_moment is not None:
+        scale = scale / (second_moment.sqrt() + 1e-8)
+    grad.add_(lam * scale * (current - stale))
+
+
 @dataclass(frozen=True)
 class UpdateRule:
     """What an update does with a step's averaged gradient, beyond the optimizer itself."""
@@ -68,12 +92,13 @@ class UpdateRule:
     min_lr: float = 0.0
     clip: float | None = None
     on_nonfinite: str = "stop"  # or "skip"
+    compensation: str = "none"  # 2BW's delay compensation: "none", "predict" or "dc"
 
     @classmethod
     def of(cls, cfg) -> "UpdateRule":
         """From a TrainConfig."""
         return cls(cfg.learning_rate, cfg.steps, cfg.lr_schedule, cfg.warmup_steps, cfg.min_lr, cfg.clip_grad,
-                   cfg.on_nonfinite)
+                   cfg.on_nonfinite, cfg.delay_compensation)
 
     def lr_at(self, step: int) -> float:
         return lr_at(step, self.lr, self.steps, self.schedule, self.warmup_steps, self.min_lr)

@@ -125,7 +125,8 @@ class Engine:
         rec = self._record(step)
         rec.grad_norm, rec.lr, rec.skipped = norm, self.rule.lr_at(global_step), skip
         self.model.step(self.sched.version_of_step(step), publish_version=step + 1, lr=rec.lr,
-                        scale=1.0 if skip else self.rule.factor(norm), skip=skip)
+                        scale=1.0 if skip else self.rule.factor(norm), skip=skip,
+                        compensation=self.rule.compensation)
 
     # ------------------------------------------------------------ driver
 

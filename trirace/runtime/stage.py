@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from ..models import ModelSpec, build_layers, layer_names
 from ..models.build import head_name, table_name, tie_in_place
 from ..models.layers import Block
-from ..optim import make_optimizer
+from ..optim import dc_correct, make_optimizer
 
 
 class StageModel:
@@ -93,21 +93,36 @@ class StageModel:
 
     @torch.no_grad()
     def step(self, version: int, publish_version: int, lr: float | None = None, scale: float = 1.0,
-             skip: bool = False) -> None:
+             skip: bool = False, compensation: str = "none") -> None:
         """Apply the (already averaged) gradients of `version`, times `scale` (the clip), to
         the master weights at learning rate `lr`, and publish the result as
         `publish_version`, whose buffer's gradients start from zero. `skip` publishes the
-        master weights unchanged (an update refused for a non-finite gradient)."""
+        master weights unchanged (an update refused for a non-finite gradient).
+        `compensation` (2BW; optim.py says what each does): "predict" publishes
+        2 W(t+1) - W(t) instead of W(t+1); "dc" corrects the stale gradient first."""
+        computed_on = list(self.module(version).parameters())
+        publish = list(self.module(publish_version).parameters())  # under 2BW: the same buffer
+        predicted = compensation == "predict" and not skip
         if not skip:
             if scale != 1.0:
                 self.flat_grad(version).mul_(scale)
+            if compensation == "dc":
+                for m, p in zip(self.master, computed_on):
+                    state = self.optimizer.state.get(m, {}).get("exp_avg_sq")
+                    dc_correct(p.grad, m.detach(), p.detach(), state)
             for group in self.optimizer.param_groups:
                 group["lr"] = group["lr"] if lr is None else lr
-            for m, p in zip(self.master, self.module(version).parameters()):
+            for m, p in zip(self.master, computed_on):
                 m.grad = p.grad
+            if predicted:  # W(t) into the free buffer before the step: no third copy
+                for m, p in zip(self.master, publish):
+                    p.copy_(m)
             self.optimizer.step()
-        for m, p in zip(self.master, self.module(publish_version).parameters()):
-            p.copy_(m)
+        for m, p in zip(self.master, publish):
+            if predicted:
+                p.mul_(-1.0).add_(m, alpha=2.0)  # 2 W(t+1) - W(t)
+            else:
+                p.copy_(m)
             m.grad = None
         self.flat_grad(publish_version).zero_()
 
