@@ -1,0 +1,25 @@
+"""The convergence benchmark's bookkeeping (bench/convergence.py), on rows shaped like the
+trainer's: which step first reaches the target, and the table's comparison with 1f1b. The
+runs themselves are the equivalence tests' (delay compensation against its reference)."""
+
+from trirace.bench.convergence import steps_to, table
+
+
+def _rows(vals):
+    """Evaluations every 2 steps of 4096 tokens, as the trainer reports them."""
+    return [{"step": s, "tokens_per_s": 4096.0, "step_time_s": 1.0,
+             "val_loss": vals[s // 2] if s % 2 == 1 else None} for s in range(2 * len(vals))]
+
+
+def test_steps_to_target_is_the_first_evaluation_at_or_below_it():
+    r = {"rows": _rows([5.0, 4.0, 3.0, 2.5])}
+    assert steps_to(r, 3.0) == 6
+    assert steps_to(r, 1.0) is None
+
+
+def test_table_compares_each_run_with_1f1b_at_equal_tokens():
+    results = [{"optimizer": "adamw", "run": "1f1b", "rows": _rows([5.0, 4.0, 3.0, 2.0])},
+               {"optimizer": "adamw", "run": "2bw", "rows": _rows([5.0, 4.5, 3.5, 2.2])}]
+    text = table(results)
+    assert "| adamw | 1f1b | 2.0000 | +0.00% | 8 (target 2.0000) |" in text
+    assert "| adamw | 2bw | 2.2000 | +10.00% | not reached (target 2.0000) |" in text

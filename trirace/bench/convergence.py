@@ -1,0 +1,127 @@
+"""Does the asynchronous pipeline train as well as the synchronous one, token for token?
+
+    python -m trirace.bench.convergence --steps 120 --out docs/bench/convergence
+
+Trains gpt-tiny on the standard library's text with a held-out tail, under 1f1b (the
+synchronous reference: W(t+1) = W(t) - lr g(W(t))), 2bw (one step of weight delay), and
+2bw with each delay compensation (optim.py), for adamw and sgd, with the same seed, data,
+schedule of learning rates and steps. All runs share one set of local processes. Writes
+convergence.json (every row), convergence.md (validation loss at equal tokens, and the
+steps each run needed to reach a target) and convergence.png (the validation curves).
+
+Wall time is not compared here: on loopback the schedules' speed says nothing about a
+network. Time to target on an emulated network is steps-to-target times the step time
+`trirace bench` measures there (see the README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..config import make_config
+from ..runtime.launch import run_local
+
+RUNS = [("1f1b", "none"), ("2bw", "none"), ("2bw", "predict"), ("2bw", "dc")]
+LR = {"adamw": 3e-3, "sgd": 0.3}  # each optimizer's rate: high enough that a stale gradient matters
+
+
+def label(schedule: str, compensation: str) -> str:
+    return schedule if compensation == "none" else f"{schedule}+{compensation}"
+
+
+def run(steps: int, eval_every: int, optimizers: list[str], seed: int) -> list[dict]:
+    cfgs, names = [], []
+    for opt in optimizers:
+        for schedule, comp in RUNS:
+            cfgs.append(make_config(dict(model="gpt-tiny", data="stdlib", pp=2, dp=2, steps=steps, seed=seed,
+                                         schedule=schedule, delay_compensation=comp, optimizer=opt, lr=LR[opt],
+                                         lr_schedule="cosine", warmup_steps=max(1, steps // 20),
+                                         min_lr=LR[opt] / 10, eval_every=eval_every, eval_batches=4,
+                                         balance="params", progress=False)))
+            names.append((opt, label(schedule, comp)))
+    t0 = time.perf_counter()
+    results = run_local(cfgs, timeout_s=None)
+    print(f"convergence: {len(cfgs)} runs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return [{"optimizer": o, "run": n, "rows": rows} for (o, n), rows in zip(names, results)]
+
+
+def curves(result: dict) -> list[tuple[int, float]]:
+    """(tokens seen, validation loss) after each evaluation."""
+    return [(r["tokens_per_s"] * r["step_time_s"] * (r["step"] + 1), r["val_loss"])
+            for r in result["rows"] if r.get("val_loss") is not None]
+
+
+def steps_to(result: dict, target: float) -> int | None:
+    return next((r["step"] + 1 for r in result["rows"] if (r.get("val_loss") or 1e9) <= target), None)
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| optimizer | run | final validation loss | vs 1f1b | steps to the target |", "|---|---|---|---|---|"]
+    for opt in dict.fromkeys(r["optimizer"] for r in results):
+        mine = [r for r in results if r["optimizer"] == opt]
+        ref = next(r for r in mine if r["run"] == "1f1b")
+        ref_final = curves(ref)[-1][1]
+        # The target: 1f1b's validation loss three quarters of the way through, so that
+        # every run has a fair chance to reach it.
+        evals = [v for _, v in curves(ref)]
+        target = evals[(3 * len(evals)) // 4]
+        for r in mine:
+            final = curves(r)[-1][1]
+            s = steps_to(r, target)
+            lines.append(f"| {opt} | {r['run']} | {final:.4f} | {100 * (final / ref_final - 1):+.2f}% | "
+                         f"{s if s is not None else 'not reached'} (target {target:.4f}) |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    opts = list(dict.fromkeys(r["optimizer"] for r in results))
+    fig, axes = plt.subplots(1, len(opts), figsize=(6 * len(opts), 4), squeeze=False)
+    for ax, opt in zip(axes[0], opts):
+        for r in results:
+            if r["optimizer"] == opt:
+                xs, ys = zip(*curves(r))
+                ax.plot([x / 1e6 for x in xs], ys, marker=".", label=r["run"])
+        ax.set_title(f"gpt-tiny, pp=2 x dp=2, {opt}")
+        ax.set_xlabel("tokens (millions)")
+        ax.set_ylabel("validation loss")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=120, help="optimizer steps per run (default: 120)")
+    p.add_argument("--eval-every", type=int, default=10, help="steps between evaluations (default: 10)")
+    p.add_argument("--optimizers", default="adamw,sgd", help="comma-separated (default: adamw,sgd)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="docs/bench/convergence", help="output directory")
+    args = p.parse_args(argv)
+    opts = [o for o in args.optimizers.split(",") if o]
+    if args.steps < 2 * args.eval_every or not opts or any(o not in LR for o in opts):
+        print("convergence: error: need steps >= 2 x eval-every and optimizers among adamw, sgd", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = run(args.steps, args.eval_every, opts, args.seed)
+    (out / "convergence.json").write_text(json.dumps(results))
+    command = f"python -m trirace.bench.convergence --steps {args.steps} --eval-every {args.eval_every} " \
+              f"--optimizers {','.join(opts)} --seed {args.seed} --out {args.out}"
+    text = f"`{command}`\n\n{table(results)}\n"
+    (out / "convergence.md").write_text(text)
+    plot(results, out / "convergence.png")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
