@@ -79,7 +79,7 @@ def held_out_loss(cfg: TrainConfig, model) -> float:
     return sum(lm_loss(model(x), y).item() for x, y in (batch(0, i) for i in range(n))) / n
 
 
-def train_2bw(cfg: TrainConfig) -> list[float]:
+def train_2bw(cfg: TrainConfig, after_update=None) -> list[float]:
     """PipeDream-2BW's rule W(t+1) = W(t) - lr * grad f(B(t-1)), where the buffer B(v) is
     W(v), with B(-1) = B(0) = W(0). With delay compensation, "predict" makes B(v) =
     2 W(v) - W(v-1) for v >= 1, and "dc" adds lambda g*g / sqrt(s) * (W(t) - B(t-1)) to
@@ -112,4 +112,6 @@ def train_2bw(cfg: TrainConfig) -> list[float]:
                 for w_next, w_now in zip(published.parameters(), before.parameters()):
                     w_next.mul_(2.0).sub_(w_now)
         take, then = then, published
+        if after_update:
+            after_update(t, current)  # W(t+1), the update's result (not its prediction)
     return out

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from reference import held_out_loss, train_sync
+from reference import held_out_loss, train_2bw, train_sync
 from trirace.cli import main
 from trirace.config import make_config
 from trirace.errors import Diverged
@@ -44,6 +44,18 @@ def test_evaluation_matches_a_single_process_reference(tmp_path):
     assert rows[-1]["val_perplexity"] == pytest.approx(math.exp(got[4]))
     report = check(cfg.comm_log)
     assert report.ok, report.summary()
+
+
+def test_evaluation_reads_the_updated_weights_not_their_prediction():
+    """Under 2bw with weight prediction the buffers hold 2 W(t+1) - W(t); evaluation must
+    still report W(t+1)'s held-out loss."""
+    cfg = make_config(BASE, schedule="2bw", delay_compensation="predict", steps=4, eval_every=2, eval_batches=2)
+    (rows,) = run_local([cfg], timeout_s=240)
+    want = {}
+    train_2bw(cfg, after_update=lambda t, m: want.__setitem__(t, held_out_loss(cfg, m)))
+    for r in rows:
+        if r["val_loss"] is not None:
+            assert r["val_loss"] == pytest.approx(want[r["step"]], rel=1e-5), r["step"]
 
 
 def test_divergence_stops_at_the_step_and_keeps_the_checkpoint(tmp_path):

@@ -210,15 +210,16 @@ def hf_config(spec) -> dict:
     raise UsageError(f"--export-hf supports gpt and llama models, not {spec.arch!r}")
 
 
-def stage_tensors(spec, indices: range, layers: list[nn.Module]) -> dict[str, torch.Tensor]:
+def stage_tensors(spec, indices: range, layers: list[nn.Module],
+                  values: dict[int, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """One stage's weights under their Hugging Face names (a tied head is left out: the
-    table stands for it)."""
+    table stands for it). `values`: id(parameter) -> the tensor to write in its place."""
     out = {}
     for index, layer in zip(indices, layers):
         for p, (name, transposed) in zip(layer.parameters(), names(spec, index)):
             if name == "lm_head.weight" and spec.tie_embeddings:
                 continue
-            t = p.detach().to("cpu", torch.float32)
+            t = (values or {}).get(id(p), p).detach().to("cpu", torch.float32)
             out[name] = (t.t() if transposed else t).contiguous()
     return out
 

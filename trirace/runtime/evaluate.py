@@ -14,6 +14,7 @@ exactly that wait (`chained_update`).
 from __future__ import annotations
 
 import torch
+from torch.func import functional_call
 
 from ..models import lm_loss
 from .comms import Handle
@@ -39,6 +40,9 @@ class Evaluator:
         """(sum of the held-out losses, their count) here; (0, 0) off the last stage."""
         self.wait_sends()
         module = self.model.module(version)
+        # The master weights, W(t+1), through the buffer's modules: with --delay-compensation
+        # predict the buffer holds a prediction, not the weights the update produced.
+        weights = {name: m for (name, _), m in zip(module.named_parameters(), self.model.master)}
         total, count = 0.0, 0
         for i in range(self.batches):
             inputs, targets = self.batch(0, self.g.replica * self.batches + i)
@@ -49,7 +53,7 @@ class Evaluator:
                 x = torch.empty(self.shape, device=self.device)
                 comm.p2p([("recv", x, peer)]).wait()
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-                y = module(x)
+                y = functional_call(module, weights, (x,))
                 if self.model.is_last:
                     total += self.loss_fn(y, targets.to(self.device)).item()
                     count += 1

@@ -159,8 +159,11 @@ class Trainer:
         g.control.barrier()
         stage = self.plan.stages[g.stage]
         if g.replica == 0:
-            module = self.model.module(self.schedule.steps)  # W(steps): what the last update published
-            hf.write_shard(part, g.stage, cfg.pp, hf.stage_tensors(spec, stage.layers, list(module)))
+            # The master weights, W(steps), laid out by the buffer's modules (a buffer may hold a
+            # prediction under --delay-compensation predict).
+            module = self.model.module(self.schedule.steps)
+            values = {id(p): m for p, m in zip(module.parameters(), self.model.master)}
+            hf.write_shard(part, g.stage, cfg.pp, hf.stage_tensors(spec, stage.layers, list(module), values))
         g.control.barrier()
         if g.rank == 0:
             keys = [[name for i in st.layers for name, _ in hf.names(spec, i)
