@@ -10,6 +10,7 @@ import torch
 
 from trirace.config import TrainConfig
 from trirace.models import build_model, lm_loss
+from trirace.models.build import loss_of
 from trirace.runtime.trainer import batch_fn, sampler_for
 
 
@@ -46,7 +47,7 @@ def _batch_grad(cfg: TrainConfig, model, batch, step: int) -> float:
     """Accumulate the mean-over-global-batch gradient into model; return the mean loss."""
     n = cfg.dp * cfg.micro_batches
     losses = []
-    loss_fn = cfg.spec.custom.loss if cfg.spec.custom is not None and cfg.spec.custom.loss else lm_loss
+    loss_fn = loss_of(cfg.spec)  # the model's own loss (a LayerModel may bring one), else cross entropy
     for j in range(n):
         x, y = batch(step, j)
         loss = loss_fn(model(x), y)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .layers import (Block, Embedding, FinalNorm, FinalRMSNorm, LlamaBlock, LMHead, MLMHead, TokenEmbedding,
-                     init_weights)
+                     init_weights, lm_loss)
 from .presets import ModelSpec
 
 
@@ -52,6 +52,11 @@ def build_layer(spec: ModelSpec, index: int, seed: int, sparse_embedding: bool =
         with torch.no_grad():
             layer.proj.weight.copy_(build_layer(spec, 0, seed).tok.weight)
     return layer
+
+
+def loss_of(spec: ModelSpec):
+    """Your model's loss (LayerModel(loss=...)), or cross entropy over the vocabulary."""
+    return spec.custom.loss if spec.custom is not None and spec.custom.loss is not None else lm_loss
 
 
 def table_name(spec: ModelSpec) -> str | None:

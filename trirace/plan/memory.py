@@ -88,17 +88,14 @@ def estimate(cfg, budget: float, where: str, **changes) -> Estimate:
     return Estimate(per, budget, where)
 
 
-def host_budget(local_ranks: int) -> tuple[float, str]:
+def host_budget(local_ranks: int, on_gpu: bool) -> tuple[float, str]:
     """(bytes per rank, what that is) on this machine: a CUDA device's capacity when ranks
     run on GPUs (read without creating a context, which would hold memory on the device
     for the whole job), else the host's available memory shared by its local ranks."""
-    try:
+    if on_gpu:
         import torch
 
-        if torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks:
-            return float(torch.cuda.get_device_properties(0).total_memory), "the memory of a CUDA device"
-    except (ImportError, RuntimeError):
-        pass
+        return float(torch.cuda.get_device_properties(0).total_memory), "the memory of a CUDA device"
     available = _meminfo("MemAvailable") or float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     return available / local_ranks, f"available host memory / {local_ranks} local rank(s)"
 
@@ -114,10 +111,11 @@ def _meminfo(key: str) -> float | None:
     return None
 
 
-def check_memory(cfg, local_ranks: int, budget: tuple[float, str] | None = None) -> Estimate:
+def check_memory(cfg, local_ranks: int, on_gpu: bool, budget: tuple[float, str] | None = None) -> Estimate:
     """Raise UsageError (one line) when the job's estimated peak per rank exceeds what a
-    rank has here, naming what would make it fit. Returns the estimate otherwise."""
-    bytes_, where = budget or host_budget(local_ranks)
+    rank has here (`on_gpu`: its ranks run on CUDA devices), naming what would make it
+    fit. Returns the estimate otherwise."""
+    bytes_, where = budget or host_budget(local_ranks, on_gpu)
     est = estimate(cfg, bytes_, where)
     if est.fits:
         return est

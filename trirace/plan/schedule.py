@@ -204,13 +204,18 @@ def defer_updates(sched: Schedule, ops: tuple[Op, ...] = (Op.AR, Op.OPT)) -> Sch
     out = []
     for acts in sched.actions:
         body = [a for a in acts if a.op not in ops]
+        first: dict[int, int] = {}  # step -> position of its first forward (one pass: linear in the run)
+        for i, a in enumerate(body):
+            if a.op is Op.F:
+                first.setdefault(sched.step_of(a.index), i)
+        before: dict[int, list[Action]] = {}  # position -> what goes in front of it
         for t in range(sched.steps):
-            need = t + 1 + sched.staleness
-            at = next((i for i, a in enumerate(body) if a.op is Op.F and sched.step_of(a.index) == need), len(body))
-            if at > 0 and body[at - 1].op is Op.RF:  # keep a forward next to its receive
+            at = first.get(t + 1 + sched.staleness, len(body))
+            if 0 < at < len(body) and body[at - 1].op is Op.RF:  # keep a forward next to its receive
                 at -= 1
-            body[at:at] = [Action(op, t) for op in ops]
-        out.append(tuple(body))
+            before.setdefault(at, []).extend(Action(op, t) for op in ops)
+        moved = [x for i, a in enumerate(body) for x in (*before.get(i, ()), a)]
+        out.append(tuple(moved + before.get(len(body), [])))
     deferred = Schedule(sched.kind, sched.n_stages, sched.micro_batches, sched.steps, tuple(out))
     validate(deferred)
     return deferred

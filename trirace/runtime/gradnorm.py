@@ -32,6 +32,9 @@ from .comms import Communicator, Handle
 from .stage import StageModel
 
 
+NORM_BLOCK = 1 << 20  # gradient values per float64 partial sum
+
+
 class GradNorms:
     def __init__(self, comm: Communicator, model: StageModel, stage: int, n_stages: int, replica: int,
                  replicas: int, version_of_step):
@@ -68,9 +71,11 @@ class GradNorms:
         if self.replica == 0:
             flat = self.model.flat_grad(self.version_of_step(step))
             # A sum over replicas, not yet their mean: divided here, so the figure does not
-            # depend on whether the engine has divided the buffer yet.
-            norm = torch.linalg.vector_norm(flat, dtype=torch.float64).item() / self.replicas
-            vec[self.stage] = norm * norm
+            # depend on whether the engine has divided the buffer yet. In float64, a block
+            # at a time in a fixed order: the same bits everywhere, a bounded temporary.
+            sumsq = sum(torch.linalg.vector_norm(flat[i:i + NORM_BLOCK], dtype=torch.float64).item() ** 2
+                        for i in range(0, flat.numel(), NORM_BLOCK))
+            vec[self.stage] = sumsq / self.replicas**2
         vec[self.n_stages] = float(self.bad_losses.pop(step, 0))
         self.handles[step] = (vec, self.comm.all_reduce(vec))
 

@@ -74,9 +74,9 @@ def train(cfg: TrainConfig, model=None) -> list[dict] | None:
         if world != cfg.world_size:
             raise UsageError(f"pp x dp = {cfg.pp} x {cfg.dp} = {cfg.world_size} but torchrun started {world} ranks")
         preflight.train_outputs(cfg)
-        if cfg.memory_check:
-            check_memory(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         backend = resolve_backend(cfg.backend, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        if cfg.memory_check:
+            check_memory(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), on_gpu=backend == "nccl")
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.checkpoint_dir is not None:
@@ -109,7 +109,7 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
     the partition, so the workers all load the same cache and cut the same stages."""
     preflight.train_outputs(cfg)
     if cfg.memory_check:  # before anything builds the model (a time-balanced partition would)
-        check_memory(cfg, cfg.world_size)
+        check_memory(cfg, cfg.world_size, on_gpu=resolve_backend(cfg.backend, cfg.world_size) == "nccl")
     if cfg.topology is not None:
         load_topology(cfg.topology).check(cfg.world_size)
     sampler = sampler_for(cfg)

@@ -6,7 +6,8 @@ import time
 
 import torch
 
-from ..models import ModelSpec, build_layers, lm_loss
+from ..models import ModelSpec, build_layers
+from ..models.build import loss_of
 
 
 def profile_layers(spec: ModelSpec, inputs: torch.Tensor, targets: torch.Tensor, seed: int,
@@ -26,7 +27,7 @@ def profile_layers(spec: ModelSpec, inputs: torch.Tensor, targets: torch.Tensor,
             t0 = time.perf_counter()
             y = layer(x)
             if i == len(layers) - 1:
-                (spec.custom.loss if spec.custom is not None and spec.custom.loss else lm_loss)(y, targets).backward()
+                loss_of(spec)(y, targets).backward()
             else:
                 y.backward(torch.ones_like(y))
             best = min(best, time.perf_counter() - t0)

@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..models import ModelSpec, build_layers, layer_names
 from ..models.build import head_name, table_name, tie_in_place
-from ..models.layers import Block
+from ..models.layers import Block, LlamaBlock
 from ..optim import dc_correct, make_optimizer
 
 
@@ -142,7 +142,7 @@ class Layers(nn.Sequential):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self:
-            if self.recompute and isinstance(layer, Block) and torch.is_grad_enabled():
+            if self.recompute and isinstance(layer, (Block, LlamaBlock)) and torch.is_grad_enabled():
                 x = checkpoint(layer, x, use_reentrant=False)
             else:
                 x = layer(x)

@@ -17,8 +17,8 @@ from tqdm import tqdm
 from ..config import TrainConfig
 from ..data import BatchSampler, load_tokens, split_held_out
 from ..data.dataset import tokenizer_file
-from ..models import hf, lm_loss
-from ..models.build import layer_param_numels
+from ..models import hf
+from ..models.build import layer_param_numels, loss_of
 from ..errors import Diverged, UsageError
 from ..optim import UpdateRule
 from ..comm.autotune import Tuner
@@ -53,11 +53,6 @@ def model_tokenizer(spec) -> Path | None:
         return None
     f = Path(spec.source) / "tokenizer.json"
     return f if f.is_file() else None
-
-
-def loss_of(spec):
-    """Your model's loss (LayerModel(loss=...)), or cross entropy over the vocabulary."""
-    return spec.custom.loss if spec.custom is not None and spec.custom.loss is not None else lm_loss
 
 
 def batch_fn(cfg: TrainConfig, sampler: BatchSampler) -> BatchFn:
