@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 from .data.dataset import tokenizer_file
 from .errors import UsageError
 from .models import build_layers
+from .models.hf import tokenizer_of
 from .models.build import tie_in_place
 from .models.shape_file import resolve
 
@@ -66,8 +67,8 @@ def find_tokenizer(directory: Path, spec, data: str) -> Tokenizer:
     for f in (directory / "tokenizer.json", directory.parent / "tokenizer.json"):
         if f.is_file():
             return Tokenizer.from_file(str(f))
-    if spec.source is not None and (Path(spec.source) / "tokenizer.json").is_file():
-        return Tokenizer.from_file(str(Path(spec.source) / "tokenizer.json"))
+    if (f := tokenizer_of(spec)) is not None:
+        return Tokenizer.from_file(str(f))
     f = tokenizer_file(data, spec.vocab_size)
     if f is None:
         raise UsageError(f"no tokenizer.json in {directory}, and no tokenizer trained on --data {data!r} in the "

@@ -81,6 +81,19 @@ def spec_from_hf(model: str):
     raise UsageError(f"hf model {path}: unsupported architecture {kind!r} (supported: gpt2, llama)")
 
 
+def is_stored(spec, name: str) -> bool:
+    """False for a tied head's weight: the files hold the token table only."""
+    return not (name == "lm_head.weight" and spec.tie_embeddings)
+
+
+def tokenizer_of(spec) -> Path | None:
+    """A Hugging Face model directory's own tokenizer.json, which its weights were trained with."""
+    if spec.source is None:
+        return None
+    f = Path(spec.source) / "tokenizer.json"
+    return f if f.is_file() else None
+
+
 def names(spec, index: int) -> list[tuple[str, bool]]:
     """Hugging Face names of layer `index`'s parameters, in the layer's registration order,
     each with whether the stored matrix is the transpose of ours (GPT-2's Conv1D)."""
@@ -147,7 +160,7 @@ def check_weights(spec) -> None:
     for index in range(spec.n_layers + 3):
         for (name, _), shape in zip(names(spec, index), stored_shapes(spec, index)):
             if name not in where:
-                if name == "lm_head.weight" and spec.tie_embeddings:
+                if not is_stored(spec, name):
                     continue
                 raise UsageError(f"hf model {path}: weights lack {name}")
             with safe_open(str(where[name]), framework="pt") as f:
@@ -173,11 +186,9 @@ def load_layer(spec, index: int, layer: nn.Module) -> None:
     path = Path(spec.weights)
     where = _files(path)
     params = list(layer.parameters())
-    wanted = names(spec, index)
-    tied_head = spec.tie_embeddings and index == spec.n_layers + 2
-    for p, (name, transposed) in zip(params, wanted):
+    for p, (name, transposed) in zip(params, names(spec, index)):
         if name not in where:
-            if tied_head or (name == "lm_head.weight" and spec.tie_embeddings):
+            if not is_stored(spec, name):
                 continue  # a tied head is the token table, already copied in by build_layer
             raise UsageError(f"hf model {path}: weights lack {name}")
         with safe_open(str(where[name]), framework="pt") as f:
@@ -217,7 +228,7 @@ def stage_tensors(spec, indices: range, layers: list[nn.Module],
     out = {}
     for index, layer in zip(indices, layers):
         for p, (name, transposed) in zip(layer.parameters(), names(spec, index)):
-            if name == "lm_head.weight" and spec.tie_embeddings:
+            if not is_stored(spec, name):
                 continue
             t = (values or {}).get(id(p), p).detach().to("cpu", torch.float32)
             out[name] = (t.t() if transposed else t).contiguous()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..models import ModelSpec, layer_names
-from ..models.build import layer_param_numels
+from ..models.build import layer_param_counts
 from ..optim import STATE_VALUES
 from .partition import balance, stage_ranges
 
@@ -33,7 +33,8 @@ GiB = 2**30
 def stage_memory(spec: ModelSpec, layers: range, batch: int, seq: int, in_flight: int, versions: int,
                  optimizer: str = "adam", precision: str = "fp32", recompute: bool = False) -> dict[str, float]:
     """Peak bytes of one rank of the stage, by part, and their "total" (without the runtime)."""
-    params = sum(sum(layer_param_numels(spec)[i]) for i in layers)
+    counts = layer_param_counts(spec)
+    params = sum(counts[i] for i in layers)
     d, h, v = spec.d_model, spec.n_heads, spec.vocab_size
     block_bytes = 2 if precision == "bf16" else 4
     names = layer_names(spec)
@@ -79,7 +80,7 @@ def estimate(cfg, budget: float, where: str, **changes) -> Estimate:
     get = lambda k: changes.get(k, getattr(cfg, k))  # noqa: E731
     pp = get("pp")
     sizes = list(cfg.partition) if cfg.partition is not None and pp == cfg.pp else \
-        balance([float(sum(n)) for n in layer_param_numels(cfg.spec)], pp)
+        balance([float(n) for n in layer_param_counts(cfg.spec)], pp)
     versions = 2 if cfg.schedule == "2bw" else 1
     per = [stage_memory(cfg.spec, layers, cfg.micro_batch_size, cfg.tokens_seq,
                         peak_in_flight(cfg.schedule, pp, s, cfg.micro_batches), versions, cfg.optimizer,

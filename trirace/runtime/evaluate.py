@@ -42,7 +42,8 @@ class Evaluator:
         module = self.model.module(version)
         # The master weights, W(t+1), through the buffer's modules: with --delay-compensation
         # predict the buffer holds a prediction, not the weights the update produced.
-        weights = {name: m for (name, _), m in zip(module.named_parameters(), self.model.master)}
+        master = self.model.master_of(module)
+        weights = {name: master[id(p)] for name, p in module.named_parameters()}
         total, count = 0.0, 0
         for i in range(self.batches):
             inputs, targets = self.batch(0, self.g.replica * self.batches + i)

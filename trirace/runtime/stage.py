@@ -84,6 +84,11 @@ class StageModel:
     def flat_grad(self, version: int) -> torch.Tensor:
         return self.flat_grads[self.slot_of(version)]
 
+    def master_of(self, module: nn.Module) -> dict[int, nn.Parameter]:
+        """id(parameter of a weight buffer) -> its master copy, which holds the weights the
+        latest update produced (a buffer may hold 2BW's prediction of them instead)."""
+        return {id(p): m for p, m in zip(module.parameters(), self.master)}
+
     def on_grad_ready(self, callback: Callable[[int, int], None]) -> None:
         """Call callback(slot, parameter index) each time backward finishes accumulating a
         parameter's gradient: what lets reduction start while backward still runs."""
@@ -110,8 +115,9 @@ class StageModel:
                 for m, p in zip(self.master, computed_on):
                     state = self.optimizer.state.get(m, {}).get("exp_avg_sq")
                     dc_correct(p.grad, m.detach(), p.detach(), state)
-            for group in self.optimizer.param_groups:
-                group["lr"] = group["lr"] if lr is None else lr
+            if lr is not None:
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
             for m, p in zip(self.master, computed_on):
                 m.grad = p.grad
             if predicted:  # W(t) into the free buffer before the step: no third copy

@@ -18,7 +18,7 @@ from ..config import TrainConfig
 from ..data import BatchSampler, load_tokens, split_held_out
 from ..data.dataset import tokenizer_file
 from ..models import hf
-from ..models.build import layer_param_numels, loss_of
+from ..models.build import layer_param_counts, loss_of
 from ..errors import Diverged, UsageError
 from ..optim import UpdateRule
 from ..comm.autotune import Tuner
@@ -40,19 +40,11 @@ from .stage import StageModel
 def sampler_for(cfg: TrainConfig, held_out: bool = False) -> BatchSampler:
     """Training micro-batches, or with `held_out` the evaluation ones. With --eval-every the
     corpus's tail is held out of training (data/dataset.py: split_held_out)."""
-    stream = load_tokens(cfg.data, cfg.spec.vocab_size, tokenizer=model_tokenizer(cfg.spec))
+    stream = load_tokens(cfg.data, cfg.spec.vocab_size, tokenizer=hf.tokenizer_of(cfg.spec))
     if cfg.eval_every:
         train, tail = split_held_out(stream, cfg.tokens_seq)
         stream = tail if held_out else train
     return BatchSampler(stream, cfg.tokens_seq, cfg.micro_batch_size, cfg.seed)
-
-
-def model_tokenizer(spec) -> Path | None:
-    """A Hugging Face model directory's own tokenizer.json, which its weights were trained with."""
-    if spec.source is None:
-        return None
-    f = Path(spec.source) / "tokenizer.json"
-    return f if f.is_file() else None
 
 
 def batch_fn(cfg: TrainConfig, sampler: BatchSampler) -> BatchFn:
@@ -157,16 +149,16 @@ class Trainer:
             # The master weights, W(steps), laid out by the buffer's modules (a buffer may hold a
             # prediction under --delay-compensation predict).
             module = self.model.module(self.schedule.steps)
-            values = {id(p): m for p, m in zip(module.parameters(), self.model.master)}
-            hf.write_shard(part, g.stage, cfg.pp, hf.stage_tensors(spec, stage.layers, list(module), values))
+            hf.write_shard(part, g.stage, cfg.pp, hf.stage_tensors(spec, stage.layers, list(module),
+                                                                   self.model.master_of(module)))
         g.control.barrier()
         if g.rank == 0:
-            keys = [[name for i in st.layers for name, _ in hf.names(spec, i)
-                     if not (name == "lm_head.weight" and spec.tie_embeddings)] for st in self.plan.stages]
-            sizes = [sum(n) for n in layer_param_numels(spec)]
+            keys = [[name for i in st.layers for name, _ in hf.names(spec, i) if hf.is_stored(spec, name)]
+                    for st in self.plan.stages]
+            sizes = layer_param_counts(spec)
             total = 4 * (sum(sizes) - (sizes[-1] if spec.tie_embeddings else 0))  # a tied head is not stored
             hf.write_index(part, spec, cfg.pp, keys, total,
-                           model_tokenizer(spec) or tokenizer_file(cfg.data, spec.vocab_size))
+                           hf.tokenizer_of(spec) or tokenizer_file(cfg.data, spec.vocab_size))
             if out.exists():  # --overwrite (the pre-check refused a non-empty one without it)
                 shutil.rmtree(out)
             part.rename(out)
