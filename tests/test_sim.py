@@ -21,6 +21,7 @@ from trirace.sim.calibration import Calibration, load_calibration
 from trirace.sim.cluster import PRESETS, load_cluster
 from trirace.sim.executor import Simulation, StageWork
 from trirace.sim.fabric import Fabric
+from trirace.sim.host import HostCpu
 from trirace.sim.network import Network
 from trirace.sim.run import ring, simulate
 
@@ -93,7 +94,7 @@ def test_folding_counts_copies_per_physical_link():
     ring_uses = dict(fab.uses[("ring", 0)])
     inter = [r for r, _ in fab.uses[("ring", 0)] if fab.net.names[r].startswith("node")]
     assert inter and all(ring_uses[r] == 1.0 for r in inter)
-    shared = Fabric(Layout(2, 2), Topology(4, 1, topo.intra, topo.inter), shared_cores=2)
+    shared = Fabric(Layout(2, 2), Topology(4, 1, topo.intra, topo.inter), HostCpu(2))
     cpu = [(r, w) for r, w in shared.uses[("compute", 0)] if shared.net.names[r].startswith("cpu")]
     assert cpu == [(cpu[0][0], 2.0)]  # both replicas of the stage load the shared cores
 

@@ -369,8 +369,14 @@ def _profile(args: argparse.Namespace) -> int:
     fwd, bwd = sum(cal.forward_s), sum(cal.backward_s)
     links = "; ".join(f"{k} {v['bits_per_s'] / 1e6:.1f} Mbit/s, {v['latency_s'] * 1e6:.0f} us"
                       for k, v in cal.links.items())
+    shared = ""
+    if cal.cpu_throughput:
+        costs = "; ".join(f"{k} {v['per_message_s'] * 1e6:.0f} us/message + {v['per_byte_s'] * 1e9:.2f} ns/byte"
+                          for k, v in cal.transfer_cpu.items())
+        shared = (f"; shared cores do {' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} x one rank's work with "
+                  f"1..{len(cal.cpu_throughput)} ranks computing; transfer CPU {costs}")
     print(f"forward {fwd * 1e3:.1f} ms, backward {bwd * 1e3:.1f} ms per micro-batch ({cal.threads} thread(s)); "
-          f"{links}; wrote {args.out}")
+          f"{links}{shared}; wrote {args.out}")
     return 0
 
 

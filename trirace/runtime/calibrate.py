@@ -6,7 +6,11 @@
 - token-table rows a replica's step touches, on the job's own data;
 - link latency and bandwidth, by the same ping-pong as the start-up probe, between two
   real processes: across two emulated nodes of the testbed (root) when `link` is given,
-  and on this host's loopback for the intra-node link.
+  and on this host's loopback for the intra-node link;
+- where the ranks share this host's cores (the testbed), what they cost each other
+  (sim/host.py): the work k processes computing at once get done, for k up to the
+  job's ranks, and the CPU seconds a transfer costs both ends, per message and per byte,
+  on the same pairs as the link probe.
 """
 
 from __future__ import annotations
@@ -96,18 +100,101 @@ def rows_touched(cfg: TrainConfig, steps: int = 4) -> float:
 
 
 _PROBE = r"""
-import json, sys, torch, torch.distributed as dist
+import json, os, sys, torch, torch.distributed as dist
 from trirace.plan.topology import Topology, single_node
 from trirace.runtime.probe import probe_links
+from trirace.runtime.calibrate import transfer_cpu
 rank, store, out, nodes = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
 base = single_node(2)
 topo = probe_links(Topology(nodes, 2 // nodes, base.intra, base.inter), torch.device("cpu"), large_bytes=4 << 20)
+link = topo.inter if nodes == 2 else topo.intra
+cost = transfer_cpu(rank, link.bytes_per_s)
 if rank == 0:
-    link = topo.inter if nodes == 2 else topo.intra
-    json.dump({"bits_per_s": link.bits_per_s, "latency_s": link.latency_s}, open(out, "w"))
+    json.dump({"bits_per_s": link.bits_per_s, "latency_s": link.latency_s, **cost}, open(out, "w"))
 dist.destroy_process_group()
 """
+
+
+def transfer_cpu(rank: int, bytes_per_s: float, seconds: float = 2.0) -> dict[str, float]:
+    """CPU seconds (user + system, every thread, both processes together) one message and
+    one byte cost, from a run of small messages and a run of large ones, rank 0 sending to
+    rank 1 over the default group. Process CPU time leaves out the time spent blocked,
+    so a slow link does not inflate it."""
+    import torch.distributed as dist
+
+    def cpu() -> float:
+        t = os.times()
+        return t.user + t.system
+
+    def both(fn) -> float:
+        dist.barrier()
+        c0 = cpu()
+        fn()
+        dist.barrier()
+        got = torch.tensor([cpu() - c0], dtype=torch.float64)
+        dist.all_reduce(got)
+        return float(got)
+    small, big = torch.zeros(1), torch.zeros(1 << 20)  # 4 B, 4 MiB
+    n_small, n_big = 300, max(2, int(seconds * bytes_per_s / big.nbytes))
+
+    def run(t: torch.Tensor, n: int):
+        return lambda: [dist.send(t, 1) if rank == 0 else dist.recv(t, 0) for _ in range(n)]
+    base = both(lambda: None)  # two barriers' worth
+    per_message = max(both(run(small, n_small)) - base, 0.0) / n_small
+    per_byte = max(both(run(big, n_big)) - base - n_big * per_message, 0.0) / (n_big * big.nbytes)
+    return {"cpu_per_message_s": per_message, "cpu_per_byte_s": per_byte}
+
+
+_CONTEND = r"""
+import json, sys, time, torch
+from trirace.config import TrainConfig
+from trirace.models import build_layers
+from trirace.models.build import loss_of
+cfg = TrainConfig(**json.load(open(sys.argv[1])))
+threads, start, seconds, out = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+layers = build_layers(cfg.spec, cfg.seed)
+x = torch.randint(0, cfg.spec.vocab_size, (cfg.micro_batch_size, cfg.tokens_seq))
+def step():
+    h = x
+    for layer in layers:
+        h = layer(h)
+    loss_of(cfg.spec)(h, x).backward()
+while time.time() < start:  # warm up until every copy runs
+    step()
+times = []
+while time.time() < start + seconds:
+    t0 = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t0)
+json.dump({"mean": sum(times) / len(times), "best": min(times)}, open(out, "w"))
+"""
+
+
+def cpu_throughput(cfg: TrainConfig, workers: int, threads: int, seconds: float = 3.0,
+                   timeout_s: float = 300) -> list[float]:
+    """[k-1] = work done per second by k processes computing the model at once (each with
+    `threads` threads), for k = 1..workers: the sum over the k of best / mean iteration
+    time, where best is one process's fastest alone. The per-layer times are fastest-of-a-
+    few too, so the curve turns them into what k processes really get done (k=1 included)."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix="trirace-contend-") as tmp:
+        job = Path(tmp) / "cfg.json"
+        job.write_text(json.dumps(cfg.model_dump(mode="json")))
+        for k in range(1, workers + 1):
+            start = time.time() + 4.0 + 1.5 * k  # time for k processes to import and build
+            files = [Path(tmp) / f"k{k}-{i}.json" for i in range(k)]
+            procs = [subprocess.Popen(["timeout", "-k", "5", str(timeout_s), sys.executable, "-c", _CONTEND, str(job),
+                                       str(threads), str(start), str(seconds), str(f)]) for f in files]
+            if any(p.wait() for p in procs) or not all(f.exists() for f in files):
+                raise UsageError(f"CPU contention measurement failed with {k} processes")
+            got = [json.loads(f.read_text()) for f in files]
+            if k == 1:
+                best = got[0]["best"]
+            out.append(sum(best / g["mean"] for g in got))
+    return out
 
 
 def probe_pair(across_nodes: bool, link: str | None = None, mtu: int = 9000, timeout_s: float = 120) -> dict:
@@ -133,13 +220,23 @@ def probe_pair(across_nodes: bool, link: str | None = None, mtu: int = 9000, tim
 
 def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None, mtu: int = 9000,
             intra: bool = True) -> Calibration:
+    from ..sim.cluster import PRESETS
+
     threads = max(1, (os.cpu_count() or 1) // cfg.world_size)  # as runtime/worker.py gives each rank
     torch.set_num_threads(threads)
     fwd, bwd, per_param = layer_times(cfg)
-    links = {}
+    probes = {}
     if intra:
-        links["intra"] = probe_pair(False)
+        probes["intra"] = probe_pair(False)
     if link is not None:
-        links["inter"] = probe_pair(True, link, mtu)
+        probes["inter"] = probe_pair(True, link, mtu)
+    links = {k: {"bits_per_s": v["bits_per_s"], "latency_s": v["latency_s"]} for k, v in probes.items()}
+    shared = PRESETS[cluster].shared_cores if cluster in PRESETS else None
+    throughput, cost = [], {}
+    if shared:  # every rank on this host's cores: what they cost each other
+        throughput = cpu_throughput(cfg, cfg.world_size, threads)
+        cost = {k: {"per_message_s": v["cpu_per_message_s"], "per_byte_s": v["cpu_per_byte_s"]}
+                for k, v in probes.items()}
     return Calibration(cfg.model, cfg.micro_batch_size, cfg.tokens_seq, threads, fwd, bwd, per_param, cluster,
-                       links, {str(cfg.tokens_per_replica_step): rows_touched(cfg)}, socket.gethostname())
+                       links, {str(cfg.tokens_per_replica_step): rows_touched(cfg)}, host=socket.gethostname(),
+                       cpu_throughput=throughput, transfer_cpu=cost)

@@ -10,6 +10,12 @@ JSON, so it can be read, diffed and edited:
   rows_touched                       {tokens per replica step: token-table rows touched}, the
                                      largest over replicas, measured on the training data
                                      (it sets the sparse exchange's size)
+  cpu_throughput                     where ranks share the host's cores: [k-1] = work-seconds
+                                     done per second by k workers computing at once, in
+                                     units of one worker alone (ideal: min(k, cores))
+  transfer_cpu                       {"intra"|"inter": {"per_message_s", "per_byte_s"}}: CPU
+                                     seconds a transfer costs both ends together (gloo's
+                                     threads and the kernel's network stack)
   host                               where it ran
 """
 
@@ -42,6 +48,8 @@ class Calibration:
     cluster: str = "testbed"  # the cluster preset it describes: it applies to that one only
     links: dict[str, dict[str, float]] = field(default_factory=dict)
     rows_touched: dict[str, float] = field(default_factory=dict)  # str(tokens per replica step) -> rows touched
+    cpu_throughput: list[float] = field(default_factory=list)  # empty: the ideal min(k, cores)
+    transfer_cpu: dict[str, dict[str, float]] = field(default_factory=dict)
     host: str = ""
     version: int = VERSION
 
@@ -83,4 +91,8 @@ def load_calibration(path: str | Path) -> Calibration:
     if len(cal.forward_s) != len(cal.backward_s) or not all(math.isfinite(t) and t >= 0 for t in times):
         raise UsageError(f"calibration file {p}: forward_s and backward_s must be equally long, finite and "
                          "non-negative")
+    costs = [v for per in cal.transfer_cpu.values() for v in per.values()]
+    if not all(math.isfinite(x) and x > 0 for x in cal.cpu_throughput) or \
+            not all(math.isfinite(x) and x >= 0 for x in costs):
+        raise UsageError(f"calibration file {p}: cpu_throughput must be positive and transfer_cpu non-negative")
     return cal

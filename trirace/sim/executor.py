@@ -38,11 +38,13 @@ from .fabric import Fabric, FlowClass
 
 @dataclass(frozen=True)
 class Phase:
-    """One step of a transfer: every copy of `cls` moves `nbytes` after `latency_s`."""
+    """One step of a transfer: every copy of `cls` moves `nbytes` after `latency_s`, in
+    `messages` messages (each costs the shared cores a fixed CPU time, sim/host.py)."""
 
     cls: FlowClass
     nbytes: float
     latency_s: float
+    messages: int = 1
 
 
 @dataclass
@@ -138,10 +140,26 @@ class _Rank:
                 self._compute(a, self.work.forward_s)
             elif a.op is Op.B:
                 self._backward(a)
-            else:  # OPT
-                self._compute(a, self.work.optimizer_s)
+            else:  # OPT, after the tied weight's reduction where there is one
+                self._update(a)
             if self.waiting is None:
                 self.pc += 1
+
+    def _update(self, a: Action) -> None:
+        sim = self.sim
+        if not sim.ties(self.stage) or a.index in sim.tie_done:
+            self._compute(a, self.work.optimizer_s)
+            return
+        t0 = sim.now
+
+        def tied() -> bool:
+            if a.index not in sim.tie_done:
+                return False
+            sim.step_stats(self.stage, a.index).exposed["allreduce"] += sim.now - t0
+            self.waiting = None
+            self._compute(a, self.work.optimizer_s)
+            return self.waiting is None  # done at once (a zero-second update)
+        self._block(tied)
 
     def _block(self, until: Callable[[], bool]) -> None:
         self.waiting, self.wait_since = until, self.sim.now
@@ -272,6 +290,7 @@ class _Rank:
 
     def _reduce(self, step: int) -> None:
         if not self.has_dp:
+            self.sim.tie_arrive(self.stage, step)
             return
         sim = self.sim
         t0 = sim.now
@@ -292,6 +311,7 @@ class _Rank:
                 return False
             _, kind = self.driver.close_step(step)
             sim.step_stats(self.stage, step).exposed[kind.value] += sim.now - t0
+            sim.tie_arrive(self.stage, step)
             return True
         if self.policy.blocking:
             self._block(complete)
@@ -311,9 +331,12 @@ class Message:
 
 class Simulation:
     def __init__(self, schedule: Schedule, fabric: Fabric, stages: list[StageWork], activation_bytes: float,
-                 collective_streams: int = 1, record: bool = False):
+                 collective_streams: int = 1, record: bool = False, tie_bytes: float = 0.0):
         self.schedule, self.fabric, self.stages = schedule, fabric, stages
         self.activation_bytes = activation_bytes
+        self.tie_bytes = tie_bytes  # the tied table/head gradient (fabric.tied)
+        self.tie_arrived: dict[int, int] = {}
+        self.tie_done: set[int] = set()
         self.collective_streams = collective_streams
         self.record = record
         self.now = 0.0
@@ -391,14 +414,46 @@ class Simulation:
             self.transfer(rest, done)
 
         def start():
-            if first.nbytes <= 0:
+            cpu_s = self.fabric.cpu_seconds(first.cls, first.nbytes, first.messages)
+            parts = [(first.nbytes, self.fabric.uses[first.cls])] if first.nbytes > 0 else []
+            if cpu_s > 0:  # the transfer's CPU work, beside its bytes, on the cores computation shares
+                parts.append((cpu_s, self.fabric.uses[("cpu", first.cls)]))
+            if not parts:
                 moved()
-            else:
-                self._flow(first.nbytes, self.fabric.uses[first.cls], moved)
+            left = [len(parts)]
+
+            def part_done():
+                left[0] -= 1
+                if left[0] == 0:
+                    moved()
+            for amount, uses in parts:
+                self._flow(amount, uses, part_done)
         if first.latency_s > 0:
             self.at(self.now + first.latency_s, start)
         else:
             start()
+
+    # ------------------------------------------------------------ tied weights
+
+    def ties(self, stage: int) -> bool:
+        return self.fabric.tied and stage in (0, self.schedule.n_stages - 1)
+
+    def tie_arrive(self, stage: int, step: int) -> None:
+        """A pipeline end finished step `step`'s reduction: it issues the tied weight's
+        all-reduce (runtime/reduction.py), which moves once both ends have."""
+        if not self.ties(stage):
+            return
+        self.tie_arrived[step] = self.tie_arrived.get(step, 0) + 1
+        if self.tie_arrived.pop(step) < 2:
+            self.tie_arrived[step] = 1
+            return
+        half = Phase(("tie",), self.tie_bytes / 2, self.fabric.latency[("tie",)])
+
+        def done():
+            self.tie_done.add(step)
+            for s in (0, self.schedule.n_stages - 1):
+                self.ranks[s].resume()
+        self.transfer([half, half], done)
 
     # ------------------------------------------------------------ P2P matching
 

@@ -12,6 +12,11 @@ ranks). To keep contention exact, every physical link is still accounted for:
    class cross it. Resources with equal vectors are interchangeable and become one
    *resource class*; a class's flow uses it with weight = that count.
 
+Where ranks share a host's cores (sim/host.py), compute flows use the CPU pool with one
+unit of weight per copy, and so does a transfer's CPU work (its messages' fixed cost and
+its bytes' cost at both ends): a flow of class ("cpu", cls) that runs beside the bytes,
+in seconds like computation, since max-min sharing needs one unit per resource.
+
 Max-min sharing on the folded problem gives every copy of a class the rate of the
 slowest copy, which is what lockstep replicas see. The assumption: replicas are
 symmetric. A layout whose copies meet different contention is modelled at its slowest.
@@ -24,10 +29,11 @@ from dataclasses import dataclass, field
 
 from ..plan.layout import Layout
 from ..plan.topology import INTER, Topology
+from .host import HostCpu
 from .network import Network, Uses
 
 # Flow classes: ("p2p", s, "fwd"|"bwd"), ("ring", s), ("local", s), ("leaders", s),
-# ("bcast", s), ("compute", s).
+# ("bcast", s), ("tie",), ("compute", s), and ("cpu", cls) for a transfer's CPU work.
 FlowClass = tuple
 
 
@@ -35,12 +41,15 @@ FlowClass = tuple
 class Fabric:
     layout: Layout
     topo: Topology
-    shared_cores: int | None = None  # all ranks share this many cores (the testbed: one host)
+    host: HostCpu | None = None  # all ranks share this host's cores (the testbed)
+    tied: bool = False  # first and last stage all-reduce the tied table/head gradient (class ("tie",))
     net: Network = field(default_factory=Network)
     uses: dict[FlowClass, Uses] = field(default_factory=dict)
     latency: dict[FlowClass, float] = field(default_factory=dict)
+    transfer_cpu: dict[FlowClass, tuple[float, float]] = field(default_factory=dict)  # per copy: (s/message, s/byte)
 
     def __post_init__(self):
+        self._pairs_of: dict[FlowClass, list[tuple[int, int]]] = {}
         classes = self._physical()
         per_resource: dict[tuple, Counter] = {}
         for cls, (resources, _lat) in classes.items():
@@ -51,11 +60,26 @@ class Fabric:
         for res, usage in per_resource.items():
             sig = (res[0], frozenset(usage.items()))
             if sig not in ids:
-                ids[sig] = self.net.resource(f"{res[0]}x{len(ids)}", self._capacity(res[0]))
+                curve = self.host.capacity if res[0] == "cpu" else None
+                ids[sig] = self.net.resource(f"{res[0]}x{len(ids)}", self._capacity(res[0]), curve)
             for cls, n in usage.items():
                 folded[cls][ids[sig]] = max(folded[cls].get(ids[sig], 0.0), float(n))
-        self.uses = {cls: tuple(sorted(u.items())) for cls, u in folded.items()}
         self.latency = {cls: lat for cls, (_res, lat) in classes.items()}
+        cpu = next((i for (kind, _), i in ids.items() if kind == "cpu"), None)
+        if cpu is not None:  # what transfers cost the shared cores (sim/host.py)
+            for cls, pairs in self._pairs_of.items():
+                kinds = [self.topo.link_between(a, b) for a, b in pairs]
+                cost = (max(self.host.per_message_s.get(k, 0.0) for k in kinds),
+                        max(self.host.per_byte_s.get(k, 0.0) for k in kinds))
+                if any(cost):
+                    folded[("cpu", cls)] = {cpu: float(len(pairs))}  # every copy's CPU work at once
+                    self.transfer_cpu[cls] = cost
+        self.uses = {cls: tuple(sorted(u.items())) for cls, u in folded.items()}
+
+    def cpu_seconds(self, cls: FlowClass, nbytes: float, messages: int) -> float:
+        """CPU seconds one copy of a `cls` transfer costs the shared cores (0 where none)."""
+        per_message, per_byte = self.transfer_cpu.get(cls, (0.0, 0.0))
+        return messages * per_message + nbytes * per_byte
 
     def _capacity(self, kind: str) -> float:
         if kind in ("port-up", "port-down"):
@@ -63,7 +87,7 @@ class Fabric:
         if kind in ("node-up", "node-down"):
             return self.topo.inter.bytes_per_s
         if kind == "cpu":
-            return float(self.shared_cores)
+            return float(self.host.cores)
         return 1.0  # a device does one second of work per second
 
     def _pair(self, a: int, b: int) -> tuple[list[tuple], float]:
@@ -72,7 +96,8 @@ class Fabric:
             return [("node-up", t.node_of(a)), ("node-down", t.node_of(b))], t.inter.latency_s
         return [("port-up", a), ("port-down", b)], t.intra.latency_s
 
-    def _pairs(self, pairs: list[tuple[int, int]]) -> tuple[list[tuple], float]:
+    def _pairs(self, cls: FlowClass, pairs: list[tuple[int, int]]) -> tuple[list[tuple], float]:
+        self._pairs_of[cls] = pairs
         res: list[tuple] = []
         lat = 0.0
         for a, b in pairs:
@@ -87,25 +112,28 @@ class Fabric:
         out: dict[FlowClass, tuple[list[tuple], float]] = {}
         for s in range(L.pp):
             ranks = L.dp_group(s)
-            out[("compute", s)] = ([("device", r) for r in ranks] + ([("cpu",)] * len(ranks) if self.shared_cores else []),
+            out[("compute", s)] = ([("device", r) for r in ranks] + ([("cpu",)] * len(ranks) if self.host else []),
                                    0.0)
             if s < L.pp - 1:
                 fwd = [(L.rank(s, r), L.rank(s + 1, r)) for r in range(L.dp)]
-                out[("p2p", s, "fwd")] = self._pairs(fwd)
-                out[("p2p", s, "bwd")] = self._pairs([(b, a) for a, b in fwd])
+                out[("p2p", s, "fwd")] = self._pairs(("p2p", s, "fwd"), fwd)
+                out[("p2p", s, "bwd")] = self._pairs(("p2p", s, "bwd"), [(b, a) for a, b in fwd])
             if L.dp > 1:
-                out[("ring", s)] = self._pairs([(ranks[i], ranks[(i + 1) % len(ranks)]) for i in range(len(ranks))])
+                out[("ring", s)] = self._pairs(("ring", s), [(ranks[i], ranks[(i + 1) % len(ranks)]) for i in range(len(ranks))])
                 by_node: dict[int, list[int]] = {}
                 for r in ranks:
                     by_node.setdefault(t.node_of(r), []).append(r)
                 local = [(m[i], m[(i + 1) % len(m)]) for m in by_node.values() if len(m) > 1 for i in range(len(m))]
                 leaders = [m[0] for m in by_node.values()]
                 if local:
-                    out[("local", s)] = self._pairs(local)
-                    out[("bcast", s)] = self._pairs([(m[0], x) for m in by_node.values() for x in m[1:]])
+                    out[("local", s)] = self._pairs(("local", s), local)
+                    out[("bcast", s)] = self._pairs(("bcast", s), [(m[0], x) for m in by_node.values() for x in m[1:]])
                 if len(leaders) > 1:
-                    out[("leaders", s)] = self._pairs([(leaders[i], leaders[(i + 1) % len(leaders)])
+                    out[("leaders", s)] = self._pairs(("leaders", s), [(leaders[i], leaders[(i + 1) % len(leaders)])
                                                        for i in range(len(leaders))])
+        if self.tied and L.pp > 1:  # a two-member ring per replica: each end sends the other half
+            pairs = [(L.rank(0, r), L.rank(L.pp - 1, r)) for r in range(L.dp)]
+            out[("tie",)] = self._pairs(("tie",), pairs + [(b, a) for a, b in pairs])
         return out
 
     def local_sizes(self, stage: int) -> tuple[int, int]:

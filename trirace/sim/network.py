@@ -6,6 +6,10 @@ filling): every unfrozen flow's rate rises together until some resource saturate
 flows then freeze. A flow crosses a resource with a weight, the number of identical copies
 of it that share that resource (see sim/fabric.py), so one flow can stand for many.
 
+A resource may have a capacity that depends on its load (the summed weight of the flows
+crossing it): a host's cores do less total work with four processes than with two, as
+measured (sim/host.py).
+
 Rates change only when a flow starts or ends; between those events every flow drains
 linearly, so the next completion is known exactly. Nothing here knows about time beyond
 `advance(now)`; the event loop (sim/executor.py) owns the clock.
@@ -14,6 +18,7 @@ linearly, so the next completion is known exactly. Nothing here knows about time
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 Uses = tuple[tuple[int, float], ...]  # (resource id, weight)
@@ -32,16 +37,20 @@ class Flow:
 class Network:
     def __init__(self):
         self.capacity: list[float] = []
+        self.curves: dict[int, Callable[[float], float]] = {}  # resource -> capacity at a load
         self.names: list[str] = []
         self.flows: dict[object, Flow] = {}
         self.clock = 0.0
         self._dirty = False
 
-    def resource(self, name: str, capacity: float) -> int:
+    def resource(self, name: str, capacity: float, curve: Callable[[float], float] | None = None) -> int:
+        """A resource of `capacity`, or of `curve(load)` where given (never above `capacity`)."""
         if capacity <= 0:
             raise ValueError(f"resource {name!r}: capacity must be positive (got {capacity})")
         self.capacity.append(float(capacity))
         self.names.append(name)
+        if curve is not None:
+            self.curves[len(self.capacity) - 1] = curve
         return len(self.capacity) - 1
 
     # ------------------------------------------------------------ flows
@@ -106,6 +115,9 @@ class Network:
             for r, w in f.uses:
                 crossing.setdefault(r, []).append(f)
                 weight[r] = weight.get(r, 0.0) + w
+        for r, curve in self.curves.items():
+            if r in weight:
+                residual[r] = min(curve(weight[r]), residual[r])
         while weight:
             bottleneck = min(weight, key=lambda r: residual[r] / weight[r])
             level = max(residual[bottleneck] / weight[bottleneck], 0.0)

@@ -33,6 +33,7 @@ from ..plan.memory import stage_memory
 from .compute import ComputeModel
 from .executor import Phase, Simulation, StageWork
 from .fabric import Fabric
+from .host import HostCpu
 
 
 
@@ -66,7 +67,7 @@ def ring(cls: tuple, n: int, nbytes: float, alpha: float) -> list[Phase]:
     contention holds still during it)."""
     if n <= 1:
         return []
-    half = Phase(cls, (n - 1) / n * nbytes, (n - 1) * alpha)
+    half = Phase(cls, (n - 1) / n * nbytes, (n - 1) * alpha, n - 1)
     return [half, half]
 
 
@@ -83,8 +84,6 @@ def apply_calibration(cluster: Cluster, topo: Topology, cal: Calibration | None)
 def check(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calibration | None = None) -> Topology:
     """What would stop `simulate` on this job, found before anything runs (a sweep checks
     every job first, so a bad one ends in one line, not after a progress bar)."""
-    if cfg.spec.tie_embeddings and cfg.pp > 1:
-        raise UsageError("simulate does not model tied embeddings across stages yet")
     if policy not in POLICIES:
         raise UsageError(f"unknown communication policy {policy!r}; choose from {', '.join(POLICIES)}")
     if calibration is not None:
@@ -104,7 +103,7 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
         compute = compute.recomputing(spec)
     plan = plan_job(cfg, topo, lambda: [f + b for f, b in zip(compute.forward_s, compute.backward_s)])
     sizes, layout = list(plan.partition), plan.layout
-    fabric = Fabric(layout, topo, cluster.shared_cores)
+    fabric = Fabric(layout, topo, HostCpu.of(cluster.shared_cores, calibration), plan.tied)
     numels_by_layer = layer_param_numels(spec)
     tokens = cfg.tokens_per_replica_step
     if calibration is not None and calibration.rows_touched.get(str(tokens)):
@@ -134,8 +133,10 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
                                 st.grad_elem_size))
     hier = [st.hierarchical for st in plan.stages]
     sched = plan.schedule
+    first = plan.stages[0]
+    tie_bytes = 4.0 * first.numels[first.tied_param] if plan.tied else 0.0  # fp32, as runtime/reduction.py sends it
     sim = Simulation(sched, fabric, stages, cfg.activation_bytes, cluster.collective_streams,
-                     record=trace_out is not None)
+                     record=trace_out is not None, tie_bytes=tie_bytes)
     sim.run()
 
     ends = [sim.stats[(cfg.pp - 1, t)].end for t in range(cfg.steps)]
@@ -167,7 +168,7 @@ def _collective(stage: int, fabric: Fabric, topo: Topology, hierarchical: bool, 
     def phases(c: Chunk) -> list[Phase]:
         if c.kind is Kind.SPARSE:  # the table's rows, by the method the cost model picks
             cost = sparse_cost.breakdown(method, n, vocab, dim, math.ceil(rows))
-            return [Phase(("ring", stage), cost.bytes_per_worker, cost.latency_steps * a_ring)]
+            return [Phase(("ring", stage), cost.bytes_per_worker, cost.latency_steps * a_ring, cost.latency_steps)]
         if not hierarchical:
             return ring(("ring", stage), n, c.nbytes, a_ring)
         # runtime/hierarchical.py: all-reduce in each node, among one leader per node, then broadcast
