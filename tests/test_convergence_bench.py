@@ -21,5 +21,16 @@ def test_table_compares_each_run_with_1f1b_at_equal_tokens():
     results = [{"optimizer": "adamw", "run": "1f1b", "rows": _rows([5.0, 4.0, 3.0, 2.0])},
                {"optimizer": "adamw", "run": "2bw", "rows": _rows([5.0, 4.5, 3.5, 2.2])}]
     text = table(results)
-    assert "| adamw | 1f1b | 2.0000 | +0.00% | 8 (target 2.0000) |" in text
-    assert "| adamw | 2bw | 2.2000 | +10.00% | not reached (target 2.0000) |" in text
+    assert "| 0 | adamw | 1f1b | 2.0000 | +0.00% | 8 (target 2.0000) |" in text
+    assert "| 0 | adamw | 2bw | 2.2000 | +10.00% | not reached (target 2.0000) |" in text
+    assert "over seeds" not in text  # one seed: no summary
+
+
+def test_table_summarises_seeds_with_their_range():
+    results = [{"optimizer": "adamw", "run": "1f1b", "seed": 0, "rows": _rows([5.0, 2.0])},
+               {"optimizer": "adamw", "run": "2bw", "seed": 0, "rows": _rows([5.0, 2.2])},
+               {"optimizer": "adamw", "run": "1f1b", "seed": 1, "rows": _rows([5.0, 2.0])},
+               {"optimizer": "adamw", "run": "2bw", "seed": 1, "rows": _rows([5.0, 1.9])}]
+    text = table(results)
+    assert "| 1 | adamw | 2bw | 1.9000 | -5.00% |" in text
+    assert "| adamw | 2bw | +2.50% | -5.00% .. +10.00% |" in text

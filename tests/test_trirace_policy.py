@@ -30,9 +30,14 @@ def act(d, op, k):
     return next(a for a in SCHED.actions[1] if a.op is op and a.index == k)
 
 
-def step0_timing(d, shift=10.0):
+def step0_timing(d, shift=10.0, history=(0.0, 12.7)):
     """Step 0's transfers as the runtime reports them, then step 1's first arrival `shift`
-    later: receives at 1.0 and 2.0 (the engine waited), sends issued at 1.5 and 2.5."""
+    later: receives at 1.0 and 2.0 (the engine waited), sends issued at 1.5 and 2.5.
+    `history`: when the engine reached AR(-2) and AR(-1), so that AR0 is forecast (by
+    default at 25.4, with slack to spare); without one nothing is held for gaps."""
+    if history is not None:
+        d.deadline(-2, history[0])
+        d.deadline(-1, history[1])
     d.p2p_arrived(act(d, Op.RF, 0), "inter", ACT, 1.0, waited=True)
     d.p2p_sent(act(d, Op.SB, 0), "inter", ACT, 1.5)
     d.p2p_send_done("inter")  # gloo: complete once the bytes sit in a socket buffer
@@ -65,6 +70,15 @@ def test_chunks_fill_the_gap_before_the_next_forecast_p2p():
     d.p2p_send_done("inter")
     assert names(d.launches(11.6)) == ["AR0.2"]  # 0.3 s to RF3: one chunk, not two
     assert d.wake_at() == pytest.approx(12.0)
+
+
+def test_without_a_deadline_to_forecast_nothing_is_held_for_a_gap():
+    # The first steps: held until the engine's own AR, a step's chunks could close a cycle
+    # (another stage waiting at OPT for the global norm these chunks feed).
+    d = driver()
+    step0_timing(d, history=None)
+    ready_step(d, 0)
+    assert names(d.launches(11.45)) == ["AR0.0", "AR0.1"]  # 50 ms before SB2, up to the credit
 
 
 def test_priority_ignores_the_forecast():

@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--link", help="inter-node rate per node, e.g. 250mbit, 100gbit, 25GB/s (default: the preset's)")
     sim.add_argument("--calibration", metavar="FILE", help="measurements from trirace profile (default: FLOP model)")
     sim.add_argument("--policy", default="all", choices=[*POLICY_NAMES, "all"], help="communication policy (default: all)")
-    sim.add_argument("--sweep", action="store_true", help="rank every pp x dp layout (same global batch) and policy")
+    sim.add_argument("--sweep", action="store_true", help="rank every pp x dp layout (same global batch) and policy, then chunk sizes for the best")
     sim.add_argument("--json", metavar="FILE", help="write the results as JSON")
     sim.add_argument("--trace-out", metavar="DIR", help="write a Chrome/Perfetto timeline of the simulated run")
     sim.add_argument("--list-clusters", action="store_true", help="list the cluster presets and exit")

@@ -33,20 +33,22 @@ def label(schedule: str, compensation: str) -> str:
     return schedule if compensation == "none" else f"{schedule}+{compensation}"
 
 
-def run(steps: int, eval_every: int, optimizers: list[str], seed: int) -> list[dict]:
+def run(steps: int, eval_every: int, optimizers: list[str], seeds: list[int],
+        runs: list[tuple[str, str]] = RUNS) -> list[dict]:
     cfgs, names = [], []
-    for opt in optimizers:
-        for schedule, comp in RUNS:
-            cfgs.append(make_config(dict(model="gpt-tiny", data="stdlib", pp=2, dp=2, steps=steps, seed=seed,
-                                         schedule=schedule, delay_compensation=comp, optimizer=opt, lr=LR[opt],
-                                         lr_schedule="cosine", warmup_steps=max(1, steps // 20),
-                                         min_lr=LR[opt] / 10, eval_every=eval_every, eval_batches=4,
-                                         balance="params", progress=False)))
-            names.append((opt, label(schedule, comp)))
+    for seed in seeds:
+        for opt in optimizers:
+            for schedule, comp in runs:
+                cfgs.append(make_config(dict(model="gpt-tiny", data="stdlib", pp=2, dp=2, steps=steps, seed=seed,
+                                             schedule=schedule, delay_compensation=comp, optimizer=opt, lr=LR[opt],
+                                             lr_schedule="cosine", warmup_steps=max(1, steps // 20),
+                                             min_lr=LR[opt] / 10, eval_every=eval_every, eval_batches=4,
+                                             balance="params", progress=False)))
+                names.append((opt, label(schedule, comp), seed))
     t0 = time.perf_counter()
     results = run_local(cfgs, timeout_s=None)
     print(f"convergence: {len(cfgs)} runs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    return [{"optimizer": o, "run": n, "rows": rows} for (o, n), rows in zip(names, results)]
+    return [{"optimizer": o, "run": n, "seed": seed, "rows": rows} for (o, n, seed), rows in zip(names, results)]
 
 
 def curves(result: dict) -> list[tuple[int, float]]:
@@ -60,20 +62,30 @@ def steps_to(result: dict, target: float) -> int | None:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| optimizer | run | final validation loss | vs 1f1b | steps to the target |", "|---|---|---|---|---|"]
-    for opt in dict.fromkeys(r["optimizer"] for r in results):
-        mine = [r for r in results if r["optimizer"] == opt]
-        ref = next(r for r in mine if r["run"] == "1f1b")
-        ref_final = curves(ref)[-1][1]
-        # The target: 1f1b's validation loss three quarters of the way through, so that
-        # every run has a fair chance to reach it.
-        evals = [v for _, v in curves(ref)]
-        target = evals[(3 * len(evals)) // 4]
-        for r in mine:
-            final = curves(r)[-1][1]
-            s = steps_to(r, target)
-            lines.append(f"| {opt} | {r['run']} | {final:.4f} | {100 * (final / ref_final - 1):+.2f}% | "
-                         f"{s if s is not None else 'not reached'} (target {target:.4f}) |")
+    """Per seed and optimizer: each run's final validation loss against 1f1b's, and the
+    steps it took to reach 1f1b's loss three quarters of the way through (a target every
+    run has a fair chance to reach); then, over seeds, the mean difference and its range."""
+    lines = ["| seed | optimizer | run | final validation loss | vs 1f1b | steps to the target |",
+             "|---|---|---|---|---|---|"]
+    diffs: dict[tuple[str, str], list[float]] = {}
+    for seed in dict.fromkeys(r.get("seed", 0) for r in results):
+        for opt in dict.fromkeys(r["optimizer"] for r in results):
+            mine = [r for r in results if r["optimizer"] == opt and r.get("seed", 0) == seed]
+            ref = next(r for r in mine if r["run"] == "1f1b")
+            ref_final = curves(ref)[-1][1]
+            evals = [v for _, v in curves(ref)]
+            target = evals[(3 * len(evals)) // 4]
+            for r in mine:
+                final = curves(r)[-1][1]
+                s = steps_to(r, target)
+                diffs.setdefault((opt, r["run"]), []).append(final / ref_final - 1)
+                lines.append(f"| {seed} | {opt} | {r['run']} | {final:.4f} | {100 * (final / ref_final - 1):+.2f}% | "
+                             f"{s if s is not None else 'not reached'} (target {target:.4f}) |")
+    if len({r.get("seed", 0) for r in results}) > 1:
+        lines += ["", "| optimizer | run | mean vs 1f1b over seeds | range |", "|---|---|---|---|"]
+        for (opt, name), d in diffs.items():
+            lines.append(f"| {opt} | {name} | {100 * sum(d) / len(d):+.2f}% | "
+                         f"{100 * min(d):+.2f}% .. {100 * max(d):+.2f}% |")
     return "\n".join(lines)
 
 
@@ -84,12 +96,17 @@ def plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     opts = list(dict.fromkeys(r["optimizer"] for r in results))
+    seeds = list(dict.fromkeys(r.get("seed", 0) for r in results))
+    colors = {name: f"C{i}" for i, name in enumerate(dict.fromkeys(r["run"] for r in results))}
     fig, axes = plt.subplots(1, len(opts), figsize=(6 * len(opts), 4), squeeze=False)
     for ax, opt in zip(axes[0], opts):
         for r in results:
             if r["optimizer"] == opt:
                 xs, ys = zip(*curves(r))
-                ax.plot([x / 1e6 for x in xs], ys, marker=".", label=r["run"])
+                i = seeds.index(r.get("seed", 0))
+                ax.plot([x / 1e6 for x in xs], ys, marker=".", color=colors[r["run"]],
+                        ls=("-", "--", ":", "-.")[i % 4],
+                        label=r["run"] if len(seeds) == 1 else f"{r['run']}, seed {seeds[i]}")
         ax.set_title(f"gpt-tiny, pp=2 x dp=2, {opt}")
         ax.set_xlabel("tokens (millions)")
         ax.set_ylabel("validation loss")
@@ -103,19 +120,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=120, help="optimizer steps per run (default: 120)")
     p.add_argument("--eval-every", type=int, default=10, help="steps between evaluations (default: 10)")
     p.add_argument("--optimizers", default="adamw,sgd", help="comma-separated (default: adamw,sgd)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default="0", help="comma-separated seeds, each a full set of runs (default: 0)")
+    p.add_argument("--runs", default=",".join(label(*r) for r in RUNS),
+                   help="comma-separated among " + ", ".join(label(*r) for r in RUNS) + " (1f1b is always run)")
     p.add_argument("--out", default="docs/bench/convergence", help="output directory")
     args = p.parse_args(argv)
     opts = [o for o in args.optimizers.split(",") if o]
-    if args.steps < 2 * args.eval_every or not opts or any(o not in LR for o in opts):
-        print("convergence: error: need steps >= 2 x eval-every and optimizers among adamw, sgd", file=sys.stderr)
+    known = {label(*r): r for r in RUNS}
+    names = ["1f1b"] + [n for n in args.runs.split(",") if n and n != "1f1b"]
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x]
+    except ValueError:
+        seeds = []
+    if args.steps < 2 * args.eval_every or not opts or any(o not in LR for o in opts) or not seeds \
+            or any(n not in known for n in names):
+        print("convergence: error: need steps >= 2 x eval-every, optimizers among adamw, sgd, integer seeds and "
+              f"runs among {', '.join(known)}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = run(args.steps, args.eval_every, opts, args.seed)
+    results = run(args.steps, args.eval_every, opts, seeds, [known[n] for n in names])
     (out / "convergence.json").write_text(json.dumps(results))
     command = f"python -m trirace.bench.convergence --steps {args.steps} --eval-every {args.eval_every} " \
-              f"--optimizers {','.join(opts)} --seed {args.seed} --out {args.out}"
+              f"--optimizers {','.join(opts)} --seeds {','.join(map(str, seeds))} --runs {','.join(names)} " \
+              f"--out {args.out}"
     text = f"`{command}`\n\n{table(results)}\n"
     (out / "convergence.md").write_text(text)
     plot(results, out / "convergence.png")

@@ -23,7 +23,8 @@ Rules, each with its reason:
 4. Deadlines win. Under 2BW a step's reduction is due at its AR, one step after it became
    ready. A step is urgent once the engine waits at its AR, or once its remaining chunk
    bytes plus the P2P time forecast before its deadline no longer fit in the time left:
-   then nothing of it is held back, since a missed deadline stalls the whole stage. Here
+   then nothing of it is held back, since a missed deadline stalls the whole stage (nor
+   while there is no deadline to forecast from, see `urgent`). Here
    the chunks' time is what chunks measured lately (`chunk_rate`), when that is slower
    than the link: the slower the chunks, the earlier a step stops waiting for gaps.
 5. The token table's item (sparse) goes where backward readies it, last (the first layer
@@ -124,7 +125,11 @@ class CommScheduler:
             return False
         due = self.forecast.deadline(step)
         if due is None:
-            return False
+            # No AR times to forecast from (the first steps): hold nothing for a gap. Held
+            # until the engine's own AR, a step could close a cycle: another stage waiting
+            # at OPT for the global norm, which needs these chunks, while this stage cannot
+            # reach its AR before that stage's next send.
+            return True
         left = sum(c.nbytes for c in self.order if c.step == step)
         left += sum(c.nbytes for c in self.in_flight if c.step == step)
         p2p = sum(min(b.end, due) - max(b.start, t) for b in busy if b.start < due)

@@ -34,13 +34,13 @@ def parse_rate(text: str | float | int) -> float:
 
 
 def parse_time(text: str | float | int) -> float:
-    """'5us' / '2ms' / 0.001 -> seconds."""
+    """'5us' / '2ms' / 0.001 / '2e-06' (YAML reads that as a string) -> seconds."""
     if isinstance(text, (int, float)):
         return float(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|ms|us|ns)\s*", str(text))
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(s|ms|us|ns)?\s*", str(text))
     if not m:
         raise UsageError(f"not a time: {text!r} (e.g. 5us, 2ms)")
-    return float(m.group(1)) * {"s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[m.group(2)]
+    return float(m.group(1)) * {"s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[m.group(2) or "s"]
 
 
 @dataclass(frozen=True)

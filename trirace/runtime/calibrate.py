@@ -147,12 +147,12 @@ def transfer_cpu(rank: int, bytes_per_s: float, seconds: float = 2.0) -> dict[st
 
 
 _CONTEND = r"""
-import json, sys, time, torch
+import json, os, sys, time, torch
 from trirace.config import TrainConfig
 from trirace.models import build_layers
 from trirace.models.build import loss_of
 cfg = TrainConfig(**json.load(open(sys.argv[1])))
-threads, start, seconds, out = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+threads, go, seconds, out = int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), sys.argv[5]
 torch.set_num_threads(threads)
 torch.manual_seed(0)
 layers = build_layers(cfg.spec, cfg.seed)
@@ -162,7 +162,12 @@ def step():
     for layer in layers:
         h = layer(h)
     loss_of(cfg.spec)(h, x).backward()
-while time.time() < start:  # warm up until every copy runs
+step()
+open(out + ".ready", "w").close()
+while not os.path.exists(go):  # keep computing until every copy is ready
+    step()
+start = float(open(go).read())
+while time.time() < start:
     step()
 times = []
 while time.time() < start + seconds:
@@ -178,16 +183,25 @@ def cpu_throughput(cfg: TrainConfig, workers: int, threads: int, seconds: float 
     """[k-1] = work done per second by k processes computing the model at once (each with
     `threads` threads), for k = 1..workers: the sum over the k of best / mean iteration
     time, where best is one process's fastest alone. The per-layer times are fastest-of-a-
-    few too, so the curve turns them into what k processes really get done (k=1 included)."""
+    few too, so the curve turns them into what k processes really get done (k=1 included).
+    The window opens once every process is computing (a ready file each, then a go file)."""
     out = []
     with tempfile.TemporaryDirectory(prefix="trirace-contend-") as tmp:
         job = Path(tmp) / "cfg.json"
         job.write_text(json.dumps(cfg.model_dump(mode="json")))
         for k in range(1, workers + 1):
-            start = time.time() + 4.0 + 1.5 * k  # time for k processes to import and build
             files = [Path(tmp) / f"k{k}-{i}.json" for i in range(k)]
+            go = Path(tmp) / f"go{k}"
             procs = [subprocess.Popen(["timeout", "-k", "5", str(timeout_s), sys.executable, "-c", _CONTEND, str(job),
-                                       str(threads), str(start), str(seconds), str(f)]) for f in files]
+                                       str(threads), str(go), str(seconds), str(f)]) for f in files]
+            deadline = time.time() + timeout_s
+            while not all(Path(f"{f}.ready").exists() for f in files):
+                if time.time() > deadline or any(p.poll() is not None for p in procs):
+                    break
+                time.sleep(0.05)
+            tmp_go = go.with_suffix(".tmp")
+            tmp_go.write_text(str(time.time() + 0.5))  # a warm half second with all k computing
+            os.replace(tmp_go, go)
             if any(p.wait() for p in procs) or not all(f.exists() for f in files):
                 raise UsageError(f"CPU contention measurement failed with {k} processes")
             got = [json.loads(f.read_text()) for f in files]

@@ -1,17 +1,14 @@
-"""Clusters to simulate: nodes of identical devices, an intra-node and an inter-node link.
+"""Clusters to simulate: nodes of identical devices, an intra-node and an inter-node link,
+and what NCCL's collectives achieve on each.
 
 A preset names a node type; the node count comes from the job (pp x dp / devices per
-node) unless given. Link figures are per direction; the inter-node figure is a node's
-aggregate (all its NICs), which all of the node's cross-node traffic shares, as in
-plan/topology.py. Figures from design.md 5: NVLink3 300 GB/s, NVLink4 450 GB/s, IB HDR
-25 GB/s and NDR 50 GB/s per NIC, one NIC per GPU.
-
-Compute runs in fp32 as trirace trains, so GPU peaks are the TF32 tensor-core figures.
+node) unless given. The presets and the public figures behind them, with their sources,
+are in clusters.yaml; a user's cluster file has the same keys.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import UsageError
@@ -43,6 +40,16 @@ class Cluster:
     shared_cores: int | None = None  # every rank shares this many cores (one host emulating nodes)
     collective_streams: int = 1  # collectives of one group that run at once (NCCL 1, gloo 2)
     description: str = ""
+    # What a ring all-reduce achieves per link class ("intra", "inter"), bytes/s: nccl-tests'
+    # bus bandwidth. Missing: the nominal link rate.
+    collective: dict[str, float] = field(default_factory=dict)
+
+    def collective_factor(self, cls: str) -> float:
+        """Bytes a collective moves per byte of payload on a `cls` link, relative to the
+        nominal rate (>= 1: a collective never beats the link)."""
+        link = self.intra if cls == "intra" else self.inter
+        got = self.collective.get(cls)
+        return max(link.bytes_per_s / got, 1.0) if got else 1.0
 
     def topology(self, world_size: int) -> Topology:
         rpn = self.ranks_per_node
@@ -56,23 +63,19 @@ class Cluster:
         return topo
 
 
-A100 = Device("A100-80GB", 156e12, 0.45, 80 * 2**30, 2.0e12)
-H100 = Device("H100-SXM-80GB", 495e12, 0.45, 80 * 2**30, 3.35e12)
-# One core of this kind of machine running fp32 PyTorch; a calibration replaces it.
-CPU = Device("cpu-core", 60e9, 1.0, 24 * 2**30, 10e9)
+PRESET_FILE = Path(__file__).with_name("clusters.yaml")  # the presets, with their sources
 
-PRESETS: dict[str, Cluster] = {c.name: c for c in [
-    Cluster("a100-ib", 8, Link(parse_rate("300GB/s"), 3e-6), Link(8 * parse_rate("25GB/s"), 5e-6), A100,
-            description="DGX A100: 8 GPUs, NVLink3 300 GB/s, 8x HDR InfiniBand 25 GB/s per node"),
-    Cluster("h100-ib", 8, Link(parse_rate("450GB/s"), 2e-6), Link(8 * parse_rate("50GB/s"), 4e-6), H100,
-            description="DGX H100: 8 GPUs, NVLink4 450 GB/s, 8x NDR InfiniBand 50 GB/s per node"),
-    Cluster("a100-roce", 8, Link(parse_rate("300GB/s"), 3e-6), Link(parse_rate("100gbit"), 10e-6), A100,
-            description="8 A100 per node, NVLink3, one 100 GbE NIC per node"),
-    Cluster("testbed", 1, Link(parse_rate("20gbit"), 20e-6), Link(parse_rate("250mbit"), 1e-4), CPU,
-            shared_cores=2, collective_streams=2,
-            description="this machine's emulated cluster (trirace testbed up): one rank per namespace, "
-                        "250 Mbit tbf links, all ranks sharing 2 cores, gloo"),
-]}
+
+def _presets() -> dict[str, Cluster]:
+    data = read_mapping(PRESET_FILE, "cluster presets")
+    devices = {name: _device(dict(d, name=name), None) for name, d in data["devices"].items()}
+    out: dict[str, Cluster] = {}
+    for name, entry in data["clusters"].items():
+        entry = dict(entry)
+        if isinstance(entry.get("device"), str):
+            entry["device"] = devices[entry["device"]]
+        out[name] = _from_dict(entry, name, out)
+    return out
 
 
 def load_cluster(name_or_file: str, nodes: int | None = None, ranks_per_node: int | None = None,
@@ -93,46 +96,71 @@ def load_cluster(name_or_file: str, nodes: int | None = None, ranks_per_node: in
         if ranks_per_node < 1:
             raise UsageError("--ranks-per-node must be at least 1")
         c = replace(c, ranks_per_node=ranks_per_node)
-    if link is not None:
-        c = replace(c, inter=Link(parse_rate(link), c.inter.latency_s))
+    if link is not None:  # another inter-node link: the preset's collective figure was not measured on it
+        c = replace(c, inter=Link(parse_rate(link), c.inter.latency_s),
+                    collective={k: v for k, v in c.collective.items() if k != "inter"})
     return c
 
 
 def cluster_from_file(path: str | Path) -> Cluster:
     """YAML: ranks_per_node, nodes (optional), intra/inter {bandwidth, latency},
-    device {name, peak_flops, efficiency, memory, memory_bandwidth} or a preset's name
-    (`base: a100-ib`) to start from, shared_cores, collective_streams."""
+    collective {intra, inter} (all-reduce bus bandwidth), device {name, peak_flops,
+    efficiency, memory, memory_bandwidth}, shared_cores, collective_streams, and `base: NAME`,
+    the preset whatever is left out comes from (a100-ib unless given)."""
     data = read_mapping(Path(path), "cluster file")
     try:
-        return _from_dict(data, str(Path(path).stem))
+        return _from_dict(data, str(Path(path).stem), PRESETS, default_base="a100-ib")
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"cluster file {path}: {e}") from None
 
 
-def _from_dict(data: dict, name: str) -> Cluster:
-    keys = {"base", "name", "nodes", "ranks_per_node", "intra", "inter", "device", "shared_cores",
+DEVICE_KEYS = {"name", "peak_flops", "efficiency", "memory", "memory_bandwidth"}
+
+
+def _device(dev: dict | Device, base: Device | None) -> Device:
+    if isinstance(dev, Device):
+        return dev
+    if not isinstance(dev, dict) or set(dev) - DEVICE_KEYS or (base is None and set(dev) != DEVICE_KEYS):
+        raise ValueError("device: expected {name, peak_flops, efficiency, memory, memory_bandwidth}")
+    get = lambda k, default: float(dev[k]) if k in dev else default  # noqa: E731
+    device = Device(str(dev.get("name", base.name if base else "")), get("peak_flops", base and base.peak_flops),
+                    get("efficiency", base and base.efficiency), get("memory", base and base.memory_bytes),
+                    get("memory_bandwidth", base and base.memory_bytes_per_s))
+    if device.peak_flops <= 0 or not 0 < device.efficiency <= 1:
+        raise ValueError("device: peak_flops must be positive and efficiency in (0, 1]")
+    return device
+
+
+def _from_dict(data: dict, name: str, presets: dict[str, Cluster], default_base: str | None = None) -> Cluster:
+    keys = {"base", "name", "nodes", "ranks_per_node", "intra", "inter", "collective", "device", "shared_cores",
             "collective_streams", "description"}
     if unknown := set(data) - keys:
         raise ValueError(f"unknown key {sorted(unknown)[0]!r}")
-    base_name = data.get("base", "a100-ib")
-    if base_name not in PRESETS:
+    base_name = data.get("base", default_base)
+    if base_name is not None and base_name not in presets:
         raise ValueError(f"base: unknown preset {base_name!r}")
-    base = PRESETS[base_name]
-
-    dev = data.get("device") or {}
-    if not isinstance(dev, dict) or set(dev) - {"name", "peak_flops", "efficiency", "memory", "memory_bandwidth"}:
-        raise ValueError("device: expected {name, peak_flops, efficiency, memory, memory_bandwidth}")
-    d = base.device
-    device = Device(str(dev.get("name", d.name)), float(dev.get("peak_flops", d.peak_flops)),
-                    float(dev.get("efficiency", d.efficiency)), float(dev.get("memory", d.memory_bytes)),
-                    float(dev.get("memory_bandwidth", d.memory_bytes_per_s)))
-    if device.peak_flops <= 0 or not 0 < device.efficiency <= 1:
-        raise ValueError("device: peak_flops must be positive and efficiency in (0, 1]")
-    rpn = int(data.get("ranks_per_node", base.ranks_per_node))
+    base = presets[base_name] if base_name is not None else None
+    if base is None and not {"device", "ranks_per_node", "intra", "inter"} <= set(data):
+        raise ValueError("a cluster without a base needs device, ranks_per_node, intra and inter")
+    device = _device(data.get("device") or {}, base.device if base else None)
+    rpn = int(data.get("ranks_per_node", base.ranks_per_node if base else 0))
     nodes = data.get("nodes")
     if rpn < 1 or (nodes is not None and int(nodes) < 1):
         raise ValueError("nodes and ranks_per_node must be at least 1")
-    cores = data.get("shared_cores", base.shared_cores)
-    return Cluster(str(data.get("name", name)), rpn, link_from_dict(data, "intra", base.intra), link_from_dict(data, "inter", base.inter), device,
+    cores = data.get("shared_cores", base.shared_cores if base else None)
+    links = {cls: link_from_dict(data, cls, getattr(base, cls) if base else Link(1.0, 0.0)) for cls in ("intra", "inter")}
+    # A base's collective figure holds only for the link it was measured on.
+    collective = {cls: bw for cls, bw in (base.collective if base else {}).items() if cls not in data}
+    given = data.get("collective") or {}
+    if not isinstance(given, dict) or set(given) - {"intra", "inter"}:
+        raise ValueError("collective: expected {intra, inter} (all-reduce bus bandwidth)")
+    collective.update({cls: parse_rate(rate) / 8 for cls, rate in given.items()})
+    if any(bw <= 0 for bw in collective.values()):
+        raise ValueError("collective: bus bandwidth must be positive")
+    return Cluster(str(data.get("name", name)), rpn, links["intra"], links["inter"], device,
                    int(nodes) if nodes is not None else None, int(cores) if cores else None,
-                   int(data.get("collective_streams", base.collective_streams)), str(data.get("description", "")))
+                   int(data.get("collective_streams", base.collective_streams if base else 1)),
+                   str(data.get("description", "")), collective)
+
+
+PRESETS: dict[str, Cluster] = _presets()

@@ -13,11 +13,13 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..comm import sparse as sparse_cost
-from ..comm.policies import POLICIES
+from ..comm.autotune import TRIALS
+from ..comm.policies import POLICIES, make_policy
 from ..config import TrainConfig
 from ..errors import UsageError
 from ..models.build import layer_param_numels
@@ -25,7 +27,7 @@ from ..obs.timeline import write_trace
 from ..plan import stage_ranges
 from ..plan.bounds import Bound, lower_bound, plan_link_bytes, steady_steps
 from ..plan.job import JobPlan, plan_job, table_sent
-from ..plan.topology import Topology
+from ..plan.topology import INTER, INTRA, Topology
 from ..plan.transfers import Chunk, Kind
 from .calibration import Calibration
 from .cluster import Cluster
@@ -44,6 +46,7 @@ class SimResult:
     tokens_per_s: float
     lower_bound_s: float
     bound_binding: str
+    bound_parts: dict[str, float]  # the bound's terms: slowest rank's compute, shared cores, busiest link
     overlap_efficiency: float
     exposed_comm_s: dict[str, float]  # per kind, mean per rank and step
     step_times_s: list[float]
@@ -91,8 +94,19 @@ def check(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calibrat
     return apply_calibration(cluster, cluster.topology(cfg.world_size), calibration)
 
 
+def chunk_choices(policy: str) -> list[tuple[float | None, float | None]]:
+    """(partition MiB, credit MiB) pairs to try for a policy: its own default (None, None),
+    then autotune's trials (comm/autotune.py; a policy without a credit bound keeps none)."""
+    if policy == "blocking":
+        return [(None, None)]
+    unbounded = make_policy(policy).credit_bytes is None
+    return [(None, None)] + [(p, None if unbounded else c) for p, c in TRIALS]
+
+
 def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calibration | None = None,
              trace_out: Path | None = None) -> SimResult:
+    if cfg.autotune and policy != "blocking":
+        return _autotuned(cfg, cluster, policy, calibration, trace_out)
     wall0 = time.perf_counter()
     spec = cfg.spec
     topo = check(cfg, cluster, policy, calibration)
@@ -128,7 +142,7 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
         stages.append(StageWork(fwd_s, bwd_s, bwd_params, compute.optimizer_s_per_param * sum(st.numels),
                                 list(st.numels), st.policy,
                                 _collective(st.stage, fabric, topo, st.hierarchical, method, rows, spec.vocab_size,
-                                            spec.d_model),
+                                            spec.d_model, cluster.collective_factor),
                                 lambda c, h=st.hierarchical: c.kind is Kind.SPARSE or h, st.sparse_param,
                                 st.grad_elem_size))
     hier = [st.hierarchical for st in plan.stages]
@@ -153,29 +167,51 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     if trace_out is not None:
         _trace(sim, trace_out, cfg)
     chunk = stages[0].policy.partition_bytes
-    return SimResult(policy, it, cfg.tokens_per_step / it, bound.seconds, bound.binding, bound.seconds / it,
+    parts = {"compute": bound.compute_s, "cpu": bound.cpu_s, "link": bound.link_s}
+    return SimResult(policy, it, cfg.tokens_per_step / it, bound.seconds, bound.binding, parts, bound.seconds / it,
                      exposed, steps, mem, [r.peak_in_flight for r in sim.ranks], hier, sizes, layout.order,
                      chunk / 2**20 if chunk else None, methods[0] if methods else None, compute.source,
                      len(sim.ranks), sim.events_run, time.perf_counter() - wall0)
 
 
+def _autotuned(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calibration | None,
+               trace_out: Path | None) -> SimResult:
+    """What --autotune settles on. The runtime's Tuner runs each trial for a few steps and
+    keeps the fastest; here each trial is simulated as its own job and the fastest one's
+    steady state is the prediction (the trial steps themselves are not)."""
+    wall0 = time.perf_counter()
+    trials = [cfg.model_copy(update={"autotune": False, "partition_mb": p, "credit_mb": c})
+              for p, c in chunk_choices(policy)[1:]]
+    results = [simulate(t, cluster, policy, calibration) for t in trials]
+    best = min(range(len(trials)), key=lambda i: results[i].iteration_time_s)
+    got = simulate(trials[best], cluster, policy, calibration, trace_out) if trace_out else results[best]
+    got.wall_s = time.perf_counter() - wall0
+    got.events = sum(r.events for r in results)
+    return got
+
+
 def _collective(stage: int, fabric: Fabric, topo: Topology, hierarchical: bool, method: str | None, rows: float,
-                vocab: int, dim: int):
+                vocab: int, dim: int, factor: Callable[[str], float] = lambda cls: 1.0):
+    """How a chunk crosses the network. `factor(link class)`: bytes a collective moves per
+    payload byte at the nominal rate, from the cluster's measured bus bandwidth."""
     n = fabric.layout.dp
     local, k = fabric.local_sizes(stage)
     a_ring = fabric.latency.get(("ring", stage), 0.0)
+    flat = factor(topo.group_link(fabric.layout.dp_group(stage)))
+    intra, inter = factor(INTRA), factor(INTER)
 
     def phases(c: Chunk) -> list[Phase]:
         if c.kind is Kind.SPARSE:  # the table's rows, by the method the cost model picks
             cost = sparse_cost.breakdown(method, n, vocab, dim, math.ceil(rows))
-            return [Phase(("ring", stage), cost.bytes_per_worker, cost.latency_steps * a_ring, cost.latency_steps)]
+            return [Phase(("ring", stage), flat * cost.bytes_per_worker, cost.latency_steps * a_ring,
+                          cost.latency_steps)]
         if not hierarchical:
-            return ring(("ring", stage), n, c.nbytes, a_ring)
+            return ring(("ring", stage), n, flat * c.nbytes, a_ring)
         # runtime/hierarchical.py: all-reduce in each node, among one leader per node, then broadcast
         a_local = fabric.latency.get(("local", stage), 0.0)
-        return (ring(("local", stage), local, c.nbytes, a_local)
-                + ring(("leaders", stage), k, c.nbytes, fabric.latency.get(("leaders", stage), 0.0))
-                + [Phase(("bcast", stage), c.nbytes, fabric.latency.get(("bcast", stage), 0.0))])
+        return (ring(("local", stage), local, intra * c.nbytes, a_local)
+                + ring(("leaders", stage), k, inter * c.nbytes, fabric.latency.get(("leaders", stage), 0.0))
+                + [Phase(("bcast", stage), intra * c.nbytes, fabric.latency.get(("bcast", stage), 0.0))])
     return phases
 
 

@@ -1,0 +1,218 @@
+"""What the simulator models beyond links and layers: a host whose cores several ranks
+share (measured throughput, the CPU cost of transfers), tied embeddings across stages,
+NCCL's measured collective bandwidth in the presets, autotune's choice, the sweep over
+chunk sizes and the planner's explanation. Analytic cases where there is an answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trirace.comm import make_policy
+from trirace.config import make_config
+from trirace.errors import UsageError
+from trirace.plan import Layout, build_schedule
+from trirace.plan.topology import Link, Topology
+from trirace.runtime.calibrate import cpu_throughput, probe_pair
+from trirace.sim import report
+from trirace.sim.calibration import Calibration, load_calibration
+from trirace.sim.cluster import PRESET_FILE, PRESETS, load_cluster
+from trirace.sim.executor import Simulation, StageWork
+from trirace.sim.fabric import Fabric
+from trirace.sim.host import HostCpu
+from trirace.sim.network import Network
+from trirace.sim.run import chunk_choices, ring, simulate
+
+
+# ------------------------------------------------------------------ the shared host
+
+
+def test_host_capacity_follows_the_measured_curve_and_never_beats_the_ideal():
+    ideal = HostCpu(2)
+    assert [ideal.capacity(k) for k in (0.001, 1, 2, 3, 8)] == [1, 1, 2, 2, 2]
+    got = HostCpu(2, (0.95, 1.8, 1.7, 1.6))
+    assert got.capacity(1) == pytest.approx(0.95)
+    assert got.capacity(1.5) == pytest.approx((0.95 + 1.8) / 2)  # linear between measured points
+    assert got.capacity(4) == got.capacity(9) == pytest.approx(1.6)  # flat past the last
+    assert got.capacity(1e-6) == pytest.approx(0.95)  # a transfer's sliver of CPU is one worker's share
+    noisy = HostCpu(2, (1.05, 2.3, 2.2))  # superlinear noise in a measurement is clipped
+    assert noisy.capacity(1) == 1.0 and noisy.capacity(2) == 2.0 and noisy.capacity(3) == 2.0
+
+
+def test_a_resource_with_a_load_curve_slows_every_flow_on_it():
+    net = Network()
+    cpu = net.resource("cpu", 2.0, HostCpu(2, (1.0, 1.5)).capacity)
+    net.start("a", 1.0, ((cpu, 1.0),), 0.0)
+    assert net.rate("a") == pytest.approx(1.0)  # alone, never above the curve's one worker
+    net.start("b", 1.0, ((cpu, 1.0),), 0.0)
+    assert net.rate("a") == net.rate("b") == pytest.approx(0.75)  # two workers get 1.5 between them
+    assert net.next_completion() == pytest.approx(1 / 0.75)
+
+
+def test_a_transfer_costs_the_shared_cores_and_ends_with_its_cpu_work():
+    # A blocking 2-member ring all-reduce of S bytes: each half moves S/2 per member, 1 s
+    # of wire at 1 GB/s. At 2 ns/byte and 0.5 s per message on cores enough for both
+    # copies, each half's CPU work is 0.5 + 2 = 2.5 s: the half ends with it, not the wire.
+    S = 2e9
+    topo = Topology(2, 1, Link(8e10, 0.0), Link(8e9, 0.0))
+    host = HostCpu(2, per_message_s={"inter": 0.5}, per_byte_s={"inter": 2e-9})
+    times = {}
+    for name, h in (("costly", host), ("free", HostCpu(2))):
+        fab = Fabric(Layout(1, 2), topo, h)
+        work = StageWork(0.0, [0.0], [(0, 1)], 0.0, [int(S // 4)], make_policy("blocking"),
+                         lambda c, fab=fab: ring(("ring", 0), 2, c.nbytes, 0.0), lambda c: False)
+        sim = Simulation(build_schedule("1f1b", 1, 1, 1), fab, [work], 0)
+        sim.run()
+        times[name] = sim.stats[(0, 0)].end
+    assert times == {"costly": pytest.approx(5.0), "free": pytest.approx(2.0)}
+
+
+def test_calibration_without_host_figures_still_loads_and_bad_ones_are_refused(tmp_path):
+    cal = Calibration("gpt-test", 2, 64, 1, [0.1] * 7, [0.2] * 7, 1e-9, "testbed")
+    cal.save(tmp_path / "c.json")
+    data = json.loads((tmp_path / "c.json").read_text())
+    del data["cpu_throughput"], data["transfer_cpu"]  # a file from before they existed
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert load_calibration(tmp_path / "old.json").cpu_throughput == []
+    data["cpu_throughput"] = [1.0, -2.0]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="cpu_throughput must be positive"):
+        load_calibration(tmp_path / "bad.json")
+
+
+def test_measured_host_figures_slow_the_simulated_testbed():
+    cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 2, "micro_batch_size": 2, "seq_len": 64, "steps": 6,
+                       "data": "synthetic"})
+    base = Calibration("gpt-test", 2, 64, 1, [0.01] * 7, [0.02] * 7, 1e-9, "testbed")
+    busy = Calibration("gpt-test", 2, 64, 1, [0.01] * 7, [0.02] * 7, 1e-9, "testbed",
+                       cpu_throughput=[0.95, 1.8, 1.75, 1.7],
+                       transfer_cpu={"inter": {"per_message_s": 2e-4, "per_byte_s": 1e-9}})
+    cl = load_cluster("testbed")
+    for policy in ("blocking", "trirace"):
+        ideal, real = simulate(cfg, cl, policy, base), simulate(cfg, cl, policy, busy)
+        assert real.iteration_time_s > ideal.iteration_time_s
+        assert real.iteration_time_s >= real.lower_bound_s  # the bound assumes ideal cores
+
+
+def test_profile_measures_what_ranks_sharing_cores_cost_each_other():
+    cfg = make_config({"model": "gpt-test", "pp": 1, "dp": 2, "data": "synthetic"})
+    curve = cpu_throughput(cfg, 2, 1, seconds=0.4)
+    assert len(curve) == 2 and 0.3 < curve[0] <= 1.0  # one alone: its mean against its best
+    assert 0.5 < curve[1] <= 2.2  # two on this machine's two cores
+    got = probe_pair(False)  # a real gloo pair on loopback
+    assert got["cpu_per_message_s"] >= 0 and got["cpu_per_byte_s"] >= 0
+    assert got["cpu_per_message_s"] < 0.05 and got["cpu_per_byte_s"] < 1e-6
+
+
+# ------------------------------------------------------------------ tied embeddings
+
+
+def test_tied_embeddings_cost_an_allreduce_between_the_pipeline_ends():
+    kw = {"model": "gpt-test", "pp": 2, "dp": 1, "steps": 6, "data": "synthetic", "micro_batches": 2}
+    cl = load_cluster("testbed", nodes=2, link="20mbit")
+    tied = simulate(make_config({**kw, "tie_embeddings": True}), cl, "blocking")
+    untied = simulate(make_config({**kw, "tie_embeddings": False}), cl, "blocking")
+    assert tied.exposed_comm_s["allreduce"] > 0 == untied.exposed_comm_s["allreduce"]
+    assert tied.iteration_time_s > untied.iteration_time_s
+    assert tied.iteration_time_s >= tied.lower_bound_s
+
+
+# ------------------------------------------------------------------ presets
+
+
+def test_presets_carry_collective_bandwidth_with_their_sources():
+    text = PRESET_FILE.read_text()
+    for name in ("a100-ib", "h100-ib", "h100-100gbe", "a100-25gbe"):
+        c = PRESETS[name]
+        assert set(c.collective) == {"intra", "inter"}
+        assert c.collective_factor("intra") >= 1 and c.collective_factor("inter") >= 1
+    assert text.count("github.com/NVIDIA/") >= 5  # every figure says where it is from
+    assert PRESETS["testbed"].collective == {} and PRESETS["testbed"].shared_cores == 2
+    # another inter-node rate: the preset's measured figure for it no longer applies
+    assert "inter" not in load_cluster("a100-ib", link="25gbit").collective
+
+
+def test_bus_bandwidth_slows_a_reduction_bound_job():
+    cfg = make_config({"model": "gpt2-medium", "pp": 1, "dp": 16, "micro_batches": 1, "micro_batch_size": 1,
+                       "seq_len": 256, "steps": 6, "data": "synthetic"})
+    poor = load_cluster("h100-100gbe")
+    nominal = load_cluster(str(_yaml(poor)))
+    slow, fast = simulate(cfg, poor, "blocking"), simulate(cfg, nominal, "blocking")
+    assert slow.iteration_time_s > 1.5 * fast.iteration_time_s  # 6 GB/s achieved of 12.5 nominal
+
+
+def _yaml(c) -> object:
+    import tempfile
+    from pathlib import Path
+
+    f = Path(tempfile.mkdtemp()) / "nominal.yaml"
+    f.write_text(f"base: {c.name}\ninter: {{bandwidth: {c.inter.bits_per_s}, latency: {c.inter.latency_s}}}\n"
+                 f"intra: {{bandwidth: {c.intra.bits_per_s}, latency: {c.intra.latency_s}}}\n")
+    return f
+
+
+def test_a_cluster_file_may_give_its_own_bus_bandwidth(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("base: a100-ib\ninter: {bandwidth: 100gbit}\ncollective: {inter: 8GB/s}\n")
+    c = load_cluster(str(f))
+    assert c.collective["inter"] == 8e9 and c.collective["intra"] == PRESETS["a100-ib"].collective["intra"]
+    f.write_text("base: a100-ib\ncollective: {nvlink: 8GB/s}\n")
+    with pytest.raises(UsageError, match="collective: expected"):
+        load_cluster(str(f))
+
+
+# ------------------------------------------------------------------ autotune, sweep, why
+
+
+def test_autotune_is_simulated_as_the_fastest_of_its_trials():
+    cfg = make_config({"model": "gpt-tiny", "pp": 2, "dp": 2, "steps": 6, "data": "synthetic"})
+    cl = load_cluster("testbed", link="100mbit")
+    trials = [simulate(cfg.model_copy(update={"partition_mb": p, "credit_mb": c}), cl, "trirace")
+              for p, c in chunk_choices("trirace")[1:]]
+    tuned = simulate(cfg.model_copy(update={"autotune": True}), cl, "trirace")
+    assert tuned.iteration_time_s == min(t.iteration_time_s for t in trials)
+    assert chunk_choices("blocking") == [(None, None)]
+    assert all(c is None for _, c in chunk_choices("fifo"))  # fifo bounds nothing in flight
+
+
+def test_sweep_tries_chunk_sizes_and_says_why():
+    cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 2, "steps": 6, "data": "synthetic"})
+    payload = report.sweep(cfg, load_cluster("testbed", link="100mbit"), ("blocking", "trirace"))
+    rows = payload["sweep"]
+    tri = [r for r in rows if r["policy"] == "trirace" and (r["pp"], r["dp"]) == (rows[0]["pp"], rows[0]["dp"])]
+    assert len({r["chunk_mb"] for r in tri}) > 2  # the default and autotune's sizes
+    why = payload["why"]
+    assert why["binding"] == max(why["bound_parts"], key=why["bound_parts"].get)
+    assert why["bound_s"] <= why["iteration_s"]
+    text = report.why_text(why)
+    assert "Bound:" in text and "To move the bound:" in text
+
+
+# ------------------------------------------------------------------ the bound holds everywhere
+
+_HOST = Calibration("gpt-test", 2, 64, 1, [0.002, 0.01, 0.01, 0.01, 0.01, 0.0005, 0.004],
+                    [0.004, 0.02, 0.02, 0.02, 0.02, 0.001, 0.008], 1e-9, "testbed",
+                    cpu_throughput=[0.95, 1.8, 1.75, 1.7, 1.7, 1.65, 1.6, 1.6],
+                    transfer_cpu={"inter": {"per_message_s": 2e-4, "per_byte_s": 1e-9},
+                                  "intra": {"per_message_s": 1e-4, "per_byte_s": 4e-10}})
+
+
+@settings(max_examples=30, deadline=None)
+@given(layout=st.sampled_from([(1, 4), (2, 2), (4, 1), (2, 4), (4, 2)]),
+       where=st.sampled_from(["testbed", "testbed-calibrated", "a100-25gbe", "h100-100gbe", "h100-ib"]),
+       rate=st.sampled_from(["50mbit", "250mbit", "1gbit", None]),
+       policy=st.sampled_from(["blocking", "fifo", "priority", "trirace"]),
+       tie=st.booleans(), m=st.sampled_from([4, 6]))
+def test_no_simulated_run_beats_the_lower_bound(layout, where, rate, policy, tie, m):
+    pp, dp = layout
+    cfg = make_config({"model": "gpt-test", "pp": pp, "dp": dp, "micro_batches": m, "micro_batch_size": 2,
+                       "seq_len": 64, "steps": 7, "data": "synthetic", "tie_embeddings": tie})
+    preset = where.removesuffix("-calibrated")
+    nodes = {"testbed": pp * dp}.get(preset)
+    cluster = load_cluster(preset, nodes=nodes, ranks_per_node=1 if preset == "testbed" else 4, link=rate)
+    r = simulate(cfg, cluster, policy, _HOST if where.endswith("calibrated") else None)
+    assert r.iteration_time_s >= r.lower_bound_s * (1 - 1e-9), (r.iteration_time_s, r.bound_parts)
+    assert 0 < r.overlap_efficiency <= 1 + 1e-9
