@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -46,9 +47,17 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.resimulate:
-        payload = json.loads(Path(args.resimulate).read_text())
-        for cell in payload["cells"]:
-            cell["results"] = predict(cell)
+        saved = Path(args.resimulate)
+        payload = json.loads(saved.read_text())
+        if "cells" not in payload:
+            ap.error(f"{saved}: not a matrix's accuracy.json (from before --matrix?); measure again")
+        for cell in payload["cells"]:  # the calibrations travel with the measurements, into --out
+            name = Path(cell["calibration"]).name
+            if not (out / name).exists():
+                src = Path(cell["calibration"])  # as written (older files), else beside the JSON
+                shutil.copyfile(src if src.is_file() else saved.parent / name, out / name)
+            cell["calibration"] = name
+            cell["results"] = predict(cell, out)
     else:
         cfg = make_config({"steps": args.steps})
         cells = matrix.cells() if args.matrix else [side_by_side.Cluster(4, 1, args.link)]
@@ -61,31 +70,32 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"calibrating at {c.link} ...", file=sys.stderr, flush=True)
                 path = out / f"calibration-{c.link}.json"
                 profile(cfg, "testbed", c.link).save(path)
-                calibrations[c.link] = str(path)
+                calibrations[c.link] = path.name  # beside accuracy.json
             print(f"[{i + 1}/{len(cells)}] measuring {matrix.cell_name(c)} ...", file=sys.stderr, flush=True)
             measured = side_by_side.run(cfg, c, POLICIES, args.rounds)
             cell = {"name": matrix.cell_name(c), "cluster": [c.nodes, c.ranks_per_node, c.link],
                     "config": measured["config"], "calibration": calibrations[c.link],
                     "measured": [{k: r[k] for k in ("system", "step_time_s", "round_steps_s", "exposed_p2p_s",
                                                       "exposed_allreduce_s")} for r in measured["results"]]}
-            cell["results"] = predict(cell)
+            cell["results"] = predict(cell, out)
             payload["cells"].append(cell)
             (out / "accuracy.json").write_text(json.dumps(payload, indent=2) + "\n")  # kept if a later cell fails
     (out / "accuracy.json").write_text(json.dumps(payload, indent=2) + "\n")
-    table = markdown(payload)
+    table = markdown(payload, out)
     (out / "accuracy.md").write_text(table + "\n")
     scatter(payload, out / "accuracy.png")
     print(table)
     return 0
 
 
-def predict(cell: dict) -> list[dict]:
-    """Simulate every measured policy of a cell with the cell's own plan and calibration."""
+def predict(cell: dict, where: Path) -> list[dict]:
+    """Simulate every measured policy of a cell with the cell's own plan and calibration
+    (a file in `where`)."""
     got = cell["config"]
     nodes, rpn, link = cell["cluster"]
     job = make_config({k: got[k] for k in ("model", "pp", "dp", "schedule", "micro_batches", "micro_batch_size",
                                            "seq_len", "steps", "partition", "rank_order", "seed", "optimizer")})
-    cal = load_calibration(cell["calibration"])
+    cal = load_calibration(where / cell["calibration"])
     cluster = load_cluster("testbed", nodes, rpn, link)
     rows = []
     for m in cell["measured"]:
@@ -99,7 +109,7 @@ def predict(cell: dict) -> list[dict]:
     return rows
 
 
-def markdown(payload: dict) -> str:
+def markdown(payload: dict, where: Path) -> str:
     c0 = payload["cells"][0]["config"]
     lines = [f"{c0['model']} {c0['schedule']} pp={c0['pp']} dp={c0['dp']} m={c0['micro_batches']}, "
              f"{payload['rounds']} rounds x {payload['steps']} steps per policy per cell; error = predicted / "
@@ -121,6 +131,21 @@ def markdown(payload: dict) -> str:
     lines += ["", f"{within} of {len(errors)} predictions within {100 * TARGET:.0f}%; mean |error| "
               f"{100 * sum(errors) / len(errors):.1f}%, median {100 * errors[len(errors) // 2]:.1f}%, "
               f"worst {100 * errors[-1]:.1f}%"]
+    return "\n".join(lines + ["", calibrations(payload, where)])
+
+
+def calibrations(payload: dict, where: Path) -> str:
+    """What each rate's calibration measured. They were taken minutes apart on the same
+    host with the same model: their spread is the host's own drift, which no prediction
+    from one of them can be closer than."""
+    lines = ["| calibration | forward + backward per micro-batch (s) | work done by 1..k ranks at once "
+             "(x one rank's best) | inter-node transfer CPU per message (ms) / per MB (ms) |", "|---|---|---|---|"]
+    for name in dict.fromkeys(cell["calibration"] for cell in payload["cells"]):
+        cal = load_calibration(where / name)
+        cost = cal.transfer_cpu.get("inter", {})
+        lines.append(f"| {name} | {sum(cal.forward_s) + sum(cal.backward_s):.3f} | "
+                     f"{' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} | "
+                     f"{1e3 * cost.get('per_message_s', 0):.2f} / {1e9 * cost.get('per_byte_s', 0):.2f} |")
     return "\n".join(lines)
 
 

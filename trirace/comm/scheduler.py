@@ -23,8 +23,9 @@ Rules, each with its reason:
 4. Deadlines win. Under 2BW a step's reduction is due at its AR, one step after it became
    ready. A step is urgent once the engine waits at its AR, or once its remaining chunk
    bytes plus the P2P time forecast before its deadline no longer fit in the time left:
-   then nothing of it is held back, since a missed deadline stalls the whole stage (nor
-   while there is no deadline to forecast from, see `urgent`). Here
+   then nothing of it is held back, since a missed deadline stalls the whole stage. A
+   step is urgent too while there are no AR times yet to forecast its deadline from (the
+   first two steps; see `urgent`). Here
    the chunks' time is what chunks measured lately (`chunk_rate`), when that is slower
    than the link: the slower the chunks, the earlier a step stops waiting for gaps.
 5. The token table's item (sparse) goes where backward readies it, last (the first layer

@@ -49,7 +49,8 @@ class Bound:
 
 
 def plan_link_bytes(plan: JobPlan, micro_batches: int, activation_bytes: int,
-                    table_sent: float | None = None) -> dict[tuple[int, str], float]:
+                    table_sent: float | None = None, tie_bytes: float = 0.0,
+                    collective_factor: float = 1.0) -> dict[tuple[int, str], float]:
     """Bytes per step on each (node, "up"|"down") inter-node link under `plan`.
 
     P2P: every micro-batch's activations forward and gradients back. Reductions, per
@@ -58,7 +59,10 @@ def plan_link_bytes(plan: JobPlan, micro_batches: int, activation_bytes: int,
     node (the in-node reduce and broadcast cross no NIC). `table_sent`: the bytes one
     member sends to exchange the token table by its sparse method (None: it is in the dense
     gradient); it travels over the flat group, counted as a ring's edges would carry it,
-    which no direct exchange beats on a node's links."""
+    which no direct exchange beats on a node's links. `tie_bytes`: the tied weight's
+    gradient, all-reduced between each pipeline's two ends. `collective_factor`: bytes a
+    collective moves across nodes per payload byte at the nominal rate (the cluster's bus
+    bandwidth, sim/cluster.py); P2P moves at the nominal rate."""
     layout, topo = plan.layout, plan.topology
     load: dict[tuple[int, str], float] = {}
 
@@ -69,7 +73,7 @@ def plan_link_bytes(plan: JobPlan, micro_batches: int, activation_bytes: int,
 
     def ring(members: list[int], per_member: float) -> None:
         for i, r in enumerate(members):
-            add(r, members[(i + 1) % len(members)], per_member)
+            add(r, members[(i + 1) % len(members)], collective_factor * per_member)
 
     for a, b in layout.p2p_pairs():
         add(a, b, micro_batches * activation_bytes)
@@ -90,6 +94,8 @@ def plan_link_bytes(plan: JobPlan, micro_batches: int, activation_bytes: int,
         n = len(members)
         if n > 1:
             ring(members, 2 * (n - 1) / n * dense)
+    for a, b in plan.tie_pairs():  # a two-member ring: each end sends the other the whole gradient
+        ring([a, b], tie_bytes)
     return load
 
 

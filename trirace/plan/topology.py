@@ -17,16 +17,19 @@ from ..yamlfile import read_mapping
 
 _BIT_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}  # tc's decimal units
 _BYTE_UNITS = {"B/s": 8.0, "KB/s": 8e3, "MB/s": 8e6, "GB/s": 8e9, "TB/s": 8e12}
-_RATE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z/]*)\s*")
+_RATE = re.compile(r"\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z/]*)\s*")
 
 
 def parse_rate(text: str | float | int) -> float:
-    """'250mbit' / '1gbit' (bits, as tc writes them) / '25GB/s' (bytes) / 3.1e9 -> bits per
-    second. "mbps"-style units are refused: tc reads them as bytes, people mean bits."""
+    """'250mbit' / '1gbit' (bits, as tc writes them) / '25GB/s' (bytes) / 3.1e9 or '3.1e9'
+    (YAML reads that as a string) -> bits per second. "mbps"-style units are refused: tc
+    reads them as bytes, people mean bits."""
     if isinstance(text, (int, float)):
         return float(text)
     m = _RATE.fullmatch(str(text))
     unit = m.group(2) if m else ""
+    if m and not unit:
+        return float(m.group(1))
     scale = _BIT_UNITS.get(unit.lower()) if unit.lower() in _BIT_UNITS else _BYTE_UNITS.get(unit)
     if not m or scale is None:
         raise UsageError(f"not a rate: {text!r} (e.g. 250mbit, 1gbit, 25GB/s)")

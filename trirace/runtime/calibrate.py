@@ -100,7 +100,7 @@ def rows_touched(cfg: TrainConfig, steps: int = 4) -> float:
 
 
 _PROBE = r"""
-import json, os, sys, torch, torch.distributed as dist
+import json, sys, torch, torch.distributed as dist
 from trirace.plan.topology import Topology, single_node
 from trirace.runtime.probe import probe_links
 from trirace.runtime.calibrate import transfer_cpu
@@ -170,7 +170,7 @@ start = float(open(go).read())
 while time.time() < start:
     step()
 times = []
-while time.time() < start + seconds:
+while not times or time.time() < start + seconds:  # at least one step, however slow
     t0 = time.perf_counter()
     step()
     times.append(time.perf_counter() - t0)

@@ -149,11 +149,14 @@ def _from_dict(data: dict, name: str, presets: dict[str, Cluster], default_base:
         raise ValueError("nodes and ranks_per_node must be at least 1")
     cores = data.get("shared_cores", base.shared_cores if base else None)
     links = {cls: link_from_dict(data, cls, getattr(base, cls) if base else Link(1.0, 0.0)) for cls in ("intra", "inter")}
-    # A base's collective figure holds only for the link it was measured on.
-    collective = {cls: bw for cls, bw in (base.collective if base else {}).items() if cls not in data}
+    # A base's collective figure holds only for the bandwidth it was measured at.
+    collective = {cls: bw for cls, bw in (base.collective if base else {}).items()
+                  if "bandwidth" not in (data.get(cls) or {})}
     given = data.get("collective") or {}
     if not isinstance(given, dict) or set(given) - {"intra", "inter"}:
         raise ValueError("collective: expected {intra, inter} (all-reduce bus bandwidth)")
+    if any(not isinstance(v, str) or v.strip()[-1:].isdigit() for v in given.values()):  # no unit
+        raise ValueError("collective: give a unit, as nccl-tests prints bus bandwidth (e.g. 230GB/s)")
     collective.update({cls: parse_rate(rate) / 8 for cls, rate in given.items()})
     if any(bw <= 0 for bw in collective.values()):
         raise ValueError("collective: bus bandwidth must be positive")

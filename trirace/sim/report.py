@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..comm.policies import make_policy
 from ..config import TrainConfig, make_config
 from ..errors import ConfigError, UsageError
 from .calibration import Calibration
@@ -96,6 +97,9 @@ def sweep(cfg: TrainConfig, cluster: Cluster, policies: tuple[str, ...], cal: Ca
     limit = cluster.device.memory_bytes / 1e9
 
     def row(job: TrainConfig, p: str, credit: float | None, r: SimResult) -> dict:
+        if credit is None:  # the policy's own cap on chunk bytes in flight (None: no cap)
+            own = make_policy(p).credit_bytes
+            credit = own / 2**20 if own else None
         return {"pp": job.pp, "dp": job.dp, "micro_batches": job.micro_batches, "policy": p,
                 "chunk_mb": r.chunk_mb, "credit_mb": credit, "iteration_time_s": r.iteration_time_s,
                 "tokens_per_s": r.tokens_per_s, "overlap_efficiency": r.overlap_efficiency,
@@ -127,12 +131,13 @@ def sweep(cfg: TrainConfig, cluster: Cluster, policies: tuple[str, ...], cal: Ca
 
 def sweep_table(payload: dict, top: int = 20) -> str:
     rows = payload["sweep"]
-    lines = ["| rank | pp | dp | m | policy | chunk (MiB) | tokens/s | iteration (s) | efficiency | peak memory (GB) |",
-             "|" + "---|" * 10]
+    lines = ["| rank | pp | dp | m | policy | chunk (MiB) | in flight (MiB) | tokens/s | iteration (s) | efficiency "
+             "| peak memory (GB) |", "|" + "---|" * 11]
     for i, r in enumerate(rows[:top], 1):
         mem = f"{r['peak_memory_gb']:.3g}" + ("" if r["fits"] else " (does not fit)")
         chunk = "-" if r["chunk_mb"] is None else f"{r['chunk_mb']:.3g}"
-        lines.append(f"| {i} | {r['pp']} | {r['dp']} | {r['micro_batches']} | {r['policy']} | {chunk} | "
+        credit = "-" if r["credit_mb"] is None else f"{r['credit_mb']:.3g}"
+        lines.append(f"| {i} | {r['pp']} | {r['dp']} | {r['micro_batches']} | {r['policy']} | {chunk} | {credit} | "
                      f"{r['tokens_per_s']:.4g} | {r['iteration_time_s']:.4g} | {r['overlap_efficiency']:.2f} | {mem} |")
     if len(rows) > top:
         lines.append(f"({len(rows) - top} more in --json)")
@@ -142,7 +147,7 @@ def sweep_table(payload: dict, top: int = 20) -> str:
 _RESOURCE = {"compute": "the slowest stage's computation", "cpu": "the shared cores (every rank's computation)",
              "link": "the busiest inter-node link"}
 _MOVE = {
-    "compute": "a better balanced partition (--balance time), more pipeline stages, or --recompute off",
+    "compute": "a better balanced partition (--balance time), more pipeline stages, or, where --recompute is on, --no-recompute",
     "cpu": "more cores per host, or fewer ranks sharing them",
     "link": "a faster inter-node link, or fewer bytes on it: --grad-comm-dtype bf16 halves gradient bytes, "
             "a rank order that keeps reductions inside nodes, fewer replicas across nodes",

@@ -100,7 +100,7 @@ def chunk_choices(policy: str) -> list[tuple[float | None, float | None]]:
     if policy == "blocking":
         return [(None, None)]
     unbounded = make_policy(policy).credit_bytes is None
-    return [(None, None)] + [(p, None if unbounded else c) for p, c in TRIALS]
+    return list(dict.fromkeys([(None, None)] + [(p, None if unbounded else c) for p, c in TRIALS]))
 
 
 def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calibration | None = None,
@@ -149,8 +149,10 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     sched = plan.schedule
     first = plan.stages[0]
     tie_bytes = 4.0 * first.numels[first.tied_param] if plan.tied else 0.0  # fp32, as runtime/reduction.py sends it
+    # NCCL's all-reduce between the ends moves at the bus bandwidth of the link they share
+    tie_factor = cluster.collective_factor(topo.link_between(*plan.tie_pairs()[0])) if plan.tied else 1.0
     sim = Simulation(sched, fabric, stages, cfg.activation_bytes, cluster.collective_streams,
-                     record=trace_out is not None, tie_bytes=tie_bytes)
+                     record=trace_out is not None, tie_bytes=tie_factor * tie_bytes)
     sim.run()
 
     ends = [sim.stats[(cfg.pp - 1, t)].end for t in range(cfg.steps)]
@@ -159,7 +161,7 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     it = statistics.median(steps[t] for t in kept)
     exposed = {k: statistics.fmean(sim.stats[(s, t)].exposed[k] for s in range(cfg.pp) for t in kept)
                for k in ("p2p", "allreduce", "sparse")}
-    bound = _bound(cfg, plan, cluster, stages, table_sent(cfg, plan, rows))
+    bound = _bound(cfg, plan, cluster, stages, table_sent(cfg, plan, rows), tie_bytes)
     versions = sched.staleness + 1
     mem = [stage_memory(spec, layers, cfg.micro_batch_size, cfg.tokens_seq, r.peak_in_flight, versions,
                         cfg.optimizer, cfg.precision, cfg.recompute)["total"] / 1e9
@@ -168,6 +170,8 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
         _trace(sim, trace_out, cfg)
     chunk = stages[0].policy.partition_bytes
     parts = {"compute": bound.compute_s, "cpu": bound.cpu_s, "link": bound.link_s}
+    if not cluster.shared_cores:  # a device per rank: the mean rank's compute never binds, nothing to explain
+        del parts["cpu"]
     return SimResult(policy, it, cfg.tokens_per_step / it, bound.seconds, bound.binding, parts, bound.seconds / it,
                      exposed, steps, mem, [r.peak_in_flight for r in sim.ranks], hier, sizes, layout.order,
                      chunk / 2**20 if chunk else None, methods[0] if methods else None, compute.source,
@@ -216,11 +220,11 @@ def _collective(stage: int, fabric: Fabric, topo: Topology, hierarchical: bool, 
 
 
 def _bound(cfg: TrainConfig, plan: JobPlan, cluster: Cluster, stages: list[StageWork],
-           table_sent: float | None) -> Bound:
+           table_sent: float | None, tie_bytes: float) -> Bound:
     m, layout = cfg.micro_batches, plan.layout
     per_stage = [m * (w.forward_s + sum(w.backward_s)) + w.optimizer_s for w in stages]
     per_rank = [per_stage[layout.coords(r)[0]] for r in range(layout.world_size)]
-    load = plan_link_bytes(plan, m, cfg.activation_bytes, table_sent)
+    load = plan_link_bytes(plan, m, cfg.activation_bytes, table_sent, tie_bytes, cluster.collective_factor(INTER))
     return lower_bound(per_rank, cluster.shared_cores or layout.world_size, load, plan.topology)
 
 
