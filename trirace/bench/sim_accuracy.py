@@ -150,7 +150,8 @@ def calibrations(payload: dict, where: Path) -> str:
 
 
 def scatter(payload: dict, path: Path) -> None:
-    """Predicted against measured step time, one marker per policy, with the ±5% band."""
+    """Predicted against measured step time, one marker per policy, with the ±5% band; a
+    bar through each marker spans its rounds' medians (the measurement's own spread)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -160,10 +161,12 @@ def scatter(payload: dict, path: Path) -> None:
     marks = {"blocking": "s", "fifo": "o", "priority": "^", "trirace": "D"}
     top = 0.0
     for p in POLICIES:
-        pts = [(r["measured_s"], r["predicted_s"]) for c in payload["cells"] for r in c["results"] if r["policy"] == p]
-        if pts:
-            ax.scatter(*zip(*pts), marker=marks[p], label=p, s=28)
-            top = max(top, *(max(x, y) for x, y in pts))
+        rows = [r for c in payload["cells"] for r in c["results"] if r["policy"] == p]
+        if rows:
+            x, y = [r["measured_s"] for r in rows], [r["predicted_s"] for r in rows]
+            spread = [[m - min(r["rounds_s"]) for m, r in zip(x, rows)], [max(r["rounds_s"]) - m for m, r in zip(x, rows)]]
+            ax.errorbar(x, y, xerr=spread, fmt=marks[p], label=p, ms=5, elinewidth=0.8, alpha=0.85)
+            top = max(top, *y, *(max(r["rounds_s"]) for r in rows))
     top *= 1.08
     ax.plot([0, top], [0, top], color="#2e4057", lw=1)
     ax.fill_between([0, top], [0, top * (1 - TARGET)], [0, top * (1 + TARGET)], color="#2e4057", alpha=0.12,
