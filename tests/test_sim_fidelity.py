@@ -6,6 +6,8 @@ chunk sizes and the planner's explanation. Analytic cases where there is an answ
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import pytest
 from hypothesis import given, settings
@@ -261,3 +263,31 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
         sim_accuracy.main(["--resimulate", str(saved / "single.json"), "--out", str(out)])
     md = (out / "accuracy.md").read_text()
     assert "| cal.json | 0.210 | 0.90 1.80 | 0.20 / 1.00 |" in md and (out / "accuracy.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------ a send returns before its bytes arrive
+
+def test_a_buffered_send_frees_the_blocking_sender_but_its_bytes_still_cross():
+    kw = {"model": "gpt-test", "pp": 2, "dp": 1, "steps": 6, "data": "synthetic", "micro_batches": 2,
+          "micro_batch_size": 2, "seq_len": 64}
+    cfg = make_config(kw)
+    times = ([0.001] * 7, [0.002] * 7)
+    plain = Calibration("gpt-test", 2, 64, 1, *times, 1e-9, "testbed")
+    buffered = Calibration("gpt-test", 2, 64, 1, *times, 1e-9, "testbed", send_buffer={"inter": 4 << 20})
+    cl = load_cluster("testbed", nodes=2, link="10mbit")  # P2P dominates: 64 KiB takes 52 ms
+    a, b = simulate(cfg, cl, "blocking", plain), simulate(cfg, cl, "blocking", buffered)
+    assert b.iteration_time_s < a.iteration_time_s  # the sender computes on while its bytes cross
+    assert b.iteration_time_s >= b.lower_bound_s == a.lower_bound_s  # the link still carries every byte
+    # the receiver waits as long for each activation: at least the wire time of what it gets
+    wire = 2 * cfg.activation_bytes * 8 / 10e6
+    assert b.exposed_comm_s["p2p"] >= wire / 2
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc"), reason="the testbed needs root and tc")
+
+
+@needs_root
+def test_profile_measures_what_a_blocking_send_leaves_in_flight():
+    got = probe_pair(True, "50mbit")  # two testbed nodes: 8 MiB takes 1.3 s to cross
+    assert 256 << 10 < got["send_buffer_bytes"] <= 8 << 20  # returned long before the bytes arrived
+    assert 40e6 < got["bits_per_s"] < 55e6

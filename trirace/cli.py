@@ -375,6 +375,9 @@ def _profile(args: argparse.Namespace) -> int:
                           for k, v in cal.transfer_cpu.items())
         shared = (f"; shared cores do {' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} x one rank's work with "
                   f"1..{len(cal.cpu_throughput)} ranks computing; transfer CPU {costs}")
+    if cal.send_buffer:
+        shared += "; a blocking send returns with " + ", ".join(f"{v / 2**20:.2f} MiB still to cross {k}"
+                                                                for k, v in cal.send_buffer.items())
     print(f"forward {fwd * 1e3:.1f} ms, backward {bwd * 1e3:.1f} ms per micro-batch ({cal.threads} thread(s)); "
           f"{links}{shared}; wrote {args.out}")
     return 0

@@ -99,17 +99,44 @@ def rows_touched(cfg: TrainConfig, steps: int = 4) -> float:
     return sum(per_step) / len(per_step)
 
 
+def send_buffer(rank: int, bytes_per_s: float, nbytes: int = 8 << 20, reps: int = 3) -> float:
+    """Bytes a blocking send of `nbytes` (more than the buffers hold) still had to move when
+    it returned, from when it returned and when the receive completed: the kernel's socket
+    buffer and the link's queue. Gloo's send returns as soon as they took the tail, long
+    before the bytes arrive on a slow link. Median of `reps`; rank 0 sends to rank 1."""
+    import torch.distributed as dist
+
+    t = torch.zeros(nbytes // 4)
+    got = []
+    for _ in range(reps):
+        h = dist.irecv(t, 0) if rank == 1 else None
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.isend(t, 1).wait()
+        else:
+            h.wait()
+        took = torch.tensor([time.perf_counter() - t0, 0.0], dtype=torch.float64)
+        if rank == 1:
+            took = took.flip(0)  # [send returned, receive completed]
+        dist.all_reduce(took)
+        got.append(min(max((float(took[1]) - float(took[0])) * bytes_per_s, 0.0), float(nbytes)))
+    return sorted(got)[len(got) // 2]
+
+
 _PROBE = r"""
 import json, sys, torch, torch.distributed as dist
 from trirace.plan.topology import Topology, single_node
 from trirace.runtime.probe import probe_links
-from trirace.runtime.calibrate import transfer_cpu
+from trirace.runtime.calibrate import send_buffer, transfer_cpu
 rank, store, out, nodes = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
 base = single_node(2)
 topo = probe_links(Topology(nodes, 2 // nodes, base.intra, base.inter), torch.device("cpu"), large_bytes=4 << 20)
 link = topo.inter if nodes == 2 else topo.intra
 cost = transfer_cpu(rank, link.bytes_per_s)
+if nodes == 2:  # across the emulated link: how much a blocking send leaves in flight
+    cost["send_buffer_bytes"] = send_buffer(rank, link.bytes_per_s)
 if rank == 0:
     json.dump({"bits_per_s": link.bits_per_s, "latency_s": link.latency_s, **cost}, open(out, "w"))
 dist.destroy_process_group()
@@ -253,4 +280,5 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
                 for k, v in probes.items()}
     return Calibration(cfg.model, cfg.micro_batch_size, cfg.tokens_seq, threads, fwd, bwd, per_param, cluster,
                        links, {str(cfg.tokens_per_replica_step): rows_touched(cfg)}, host=socket.gethostname(),
-                       cpu_throughput=throughput, transfer_cpu=cost)
+                       cpu_throughput=throughput, transfer_cpu=cost,
+                       send_buffer={k: v["send_buffer_bytes"] for k, v in probes.items() if "send_buffer_bytes" in v})

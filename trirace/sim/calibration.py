@@ -16,6 +16,9 @@ JSON, so it can be read, diffed and edited:
   transfer_cpu                       {"intra"|"inter": {"per_message_s", "per_byte_s"}}: CPU
                                      seconds a transfer costs both ends together (gloo's
                                      threads and the kernel's network stack)
+  send_buffer                        {"intra"|"inter": bytes}: what a blocking send may still
+                                     have to move when it returns (socket buffer and link
+                                     queue take them), measured with a large send
   host                               where it ran
 """
 
@@ -50,6 +53,7 @@ class Calibration:
     rows_touched: dict[str, float] = field(default_factory=dict)  # str(tokens per replica step) -> rows touched
     cpu_throughput: list[float] = field(default_factory=list)  # empty: the ideal min(k, cores)
     transfer_cpu: dict[str, dict[str, float]] = field(default_factory=dict)
+    send_buffer: dict[str, float] = field(default_factory=dict)  # empty: a send returns on delivery
     host: str = ""
     version: int = VERSION
 
@@ -91,8 +95,9 @@ def load_calibration(path: str | Path) -> Calibration:
     if len(cal.forward_s) != len(cal.backward_s) or not all(math.isfinite(t) and t >= 0 for t in times):
         raise UsageError(f"calibration file {p}: forward_s and backward_s must be equally long, finite and "
                          "non-negative")
-    costs = [v for per in cal.transfer_cpu.values() for v in per.values()]
+    costs = [v for per in cal.transfer_cpu.values() for v in per.values()] + list(cal.send_buffer.values())
     if not all(math.isfinite(x) and x > 0 for x in cal.cpu_throughput) or \
             not all(math.isfinite(x) and x >= 0 for x in costs):
-        raise UsageError(f"calibration file {p}: cpu_throughput must be positive and transfer_cpu non-negative")
+        raise UsageError(f"calibration file {p}: cpu_throughput must be positive, transfer_cpu and "
+                         "send_buffer non-negative")
     return cal

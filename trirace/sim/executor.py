@@ -235,7 +235,7 @@ class _Rank:
         def complete() -> bool:
             if not all(m.delivered for _, m in waits):
                 return False
-            if self.policy.blocking and not all(m.delivered for m in msgs):
+            if self.policy.blocking and not all(m.released for m in msgs):
                 return False
             for a, m in waits:
                 self.driver.p2p_arrived(a, sim.link_of(self.stage, m.src), sim.activation_bytes, sim.now,
@@ -326,15 +326,20 @@ class Message:
     posted_at: float = -1.0  # when the receiver posted its receive (-1: not yet)
     sent_at: float = -1.0
     delivered: bool = False
-    on_delivered: list[Callable[[], None]] = field(default_factory=list)
+    released: bool = False  # the sender's send returned: what is left fits the transport's buffers
+    on_released: list[Callable[[], None]] = field(default_factory=list)
 
 
 class Simulation:
     def __init__(self, schedule: Schedule, fabric: Fabric, stages: list[StageWork], activation_bytes: float,
-                 collective_streams: int = 1, record: bool = False, tie_bytes: float = 0.0):
+                 collective_streams: int = 1, record: bool = False, tie_bytes: float = 0.0,
+                 send_buffer: dict[str, float] | None = None):
         self.schedule, self.fabric, self.stages = schedule, fabric, stages
         self.activation_bytes = activation_bytes
         self.tie_bytes = tie_bytes  # the tied table/head gradient (fabric.tied)
+        # By link class: bytes a send may still have to move when it returns (the kernel's
+        # socket buffer and the queue before the link take them; measured by trirace profile).
+        self.send_buffer = send_buffer or {}
         self.tie_arrived: dict[int, int] = {}
         self.tie_done: set[int] = set()
         self.collective_streams = collective_streams
@@ -486,7 +491,7 @@ class Simulation:
         sender = self.ranks[stage]
         link = self.link_of(stage, peer_stage(stage, a.op))
         sender.driver.p2p_sent(a, link, self.activation_bytes, self.now)
-        msg.on_delivered.append(lambda: sender.driver.p2p_send_done(link))
+        msg.on_released.append(lambda: sender.driver.p2p_send_done(link))
         self._maybe_move(key, msg)
         return msg
 
@@ -498,15 +503,26 @@ class Simulation:
         cls = ("p2p", min(src, dst), direction)
         t0 = self.now
         lat = self.fabric.latency[cls]
+        sender, receiver = self.ranks[src], self.ranks[dst]
+        buffered = min(self.send_buffer.get(self.link_of(src, dst), 0.0), self.activation_bytes)
+
+        def released():
+            msg.released = True
+            for cb in msg.on_released:
+                cb()
+            if buffered > 0:
+                sender.kick()
+                sender.resume()
+                self.transfer([Phase(cls, buffered, 0.0, messages=0)], delivered)
+            else:
+                delivered()
 
         def delivered():
             msg.delivered = True
-            sender, receiver = self.ranks[src], self.ranks[dst]
             sender.rec.span("p2p send", f"{'SF' if direction == 'fwd' else 'SB'}{k}", t0, self.now,
                             bytes=self.activation_bytes)
-            for cb in msg.on_delivered:
-                cb()
             for r in (sender, receiver):
                 r.kick()
                 r.resume()
-        self.transfer([Phase(cls, self.activation_bytes, lat)], delivered)
+        # the sender's send returns once what is left fits its buffers; the bytes arrive later
+        self.transfer([Phase(cls, self.activation_bytes - buffered, lat)], released)

@@ -152,7 +152,8 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     # NCCL's all-reduce between the ends moves at the bus bandwidth of the link they share
     tie_factor = cluster.collective_factor(topo.link_between(*plan.tie_pairs()[0])) if plan.tied else 1.0
     sim = Simulation(sched, fabric, stages, cfg.activation_bytes, cluster.collective_streams,
-                     record=trace_out is not None, tie_bytes=tie_factor * tie_bytes)
+                     record=trace_out is not None, tie_bytes=tie_factor * tie_bytes,
+                     send_buffer=calibration.send_buffer if calibration is not None else None)
     sim.run()
 
     ends = [sim.stats[(cfg.pp - 1, t)].end for t in range(cfg.steps)]
