@@ -34,3 +34,12 @@ def test_table_summarises_seeds_with_their_range():
     text = table(results)
     assert "| 1 | adamw | 2bw | 1.9000 | -5.00% |" in text
     assert "| adamw | 2bw | +2.50% | -5.00% .. +10.00% |" in text
+
+
+def test_bad_arguments_stop_before_any_run(capsys):
+    from trirace.bench.convergence import main
+
+    for argv in (["--lr", "-0.001"], ["--lr", "0"], ["--seeds", "x"], ["--runs", "2bw+nothing"],
+                 ["--steps", "10", "--eval-every", "10"]):
+        assert main(argv + ["--out", "/nonexistent/never-made"]) == 2
+        assert "convergence: error:" in capsys.readouterr().err

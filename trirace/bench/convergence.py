@@ -34,15 +34,16 @@ def label(schedule: str, compensation: str) -> str:
 
 
 def run(steps: int, eval_every: int, optimizers: list[str], seeds: list[int],
-        runs: list[tuple[str, str]] = RUNS) -> list[dict]:
+        runs: list[tuple[str, str]] = RUNS, lr: float | None = None) -> list[dict]:
     cfgs, names = [], []
     for seed in seeds:
         for opt in optimizers:
             for schedule, comp in runs:
+                rate = LR[opt] if lr is None else lr
                 cfgs.append(make_config(dict(model="gpt-tiny", data="stdlib", pp=2, dp=2, steps=steps, seed=seed,
-                                             schedule=schedule, delay_compensation=comp, optimizer=opt, lr=LR[opt],
+                                             schedule=schedule, delay_compensation=comp, optimizer=opt, lr=rate,
                                              lr_schedule="cosine", warmup_steps=max(1, steps // 20),
-                                             min_lr=LR[opt] / 10, eval_every=eval_every, eval_batches=4,
+                                             min_lr=rate / 10, eval_every=eval_every, eval_batches=4,
                                              balance="params", progress=False)))
                 names.append((opt, label(schedule, comp), seed))
     t0 = time.perf_counter()
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0", help="comma-separated seeds, each a full set of runs (default: 0)")
     p.add_argument("--runs", default=",".join(label(*r) for r in RUNS),
                    help="comma-separated among " + ", ".join(label(*r) for r in RUNS) + " (1f1b is always run)")
+    p.add_argument("--lr", type=float, help="peak learning rate for every optimizer (default: adamw 3e-3, sgd 0.3)")
     p.add_argument("--out", default="docs/bench/convergence", help="output directory")
     args = p.parse_args(argv)
     opts = [o for o in args.optimizers.split(",") if o]
@@ -132,18 +134,18 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(x) for x in args.seeds.split(",") if x]
     except ValueError:
         seeds = []
-    if args.steps < 2 * args.eval_every or not opts or any(o not in LR for o in opts) or not seeds \
+    if args.steps < 2 * args.eval_every or (args.lr is not None and not args.lr > 0) or not opts or any(o not in LR for o in opts) or not seeds \
             or any(n not in known for n in names):
-        print("convergence: error: need steps >= 2 x eval-every, optimizers among adamw, sgd, integer seeds and "
+        print("convergence: error: need steps >= 2 x eval-every, a positive lr, optimizers among adamw, sgd, integer seeds and "
               f"runs among {', '.join(known)}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = run(args.steps, args.eval_every, opts, seeds, [known[n] for n in names])
+    results = run(args.steps, args.eval_every, opts, seeds, [known[n] for n in names], args.lr)
     (out / "convergence.json").write_text(json.dumps(results))
     command = f"python -m trirace.bench.convergence --steps {args.steps} --eval-every {args.eval_every} " \
               f"--optimizers {','.join(opts)} --seeds {','.join(map(str, seeds))} --runs {','.join(names)} " \
-              f"--out {args.out}"
+              + (f"--lr {args.lr:g} " if args.lr is not None else "") + f"--out {args.out}"
     text = f"`{command}`\n\n{table(results)}\n"
     (out / "convergence.md").write_text(text)
     plot(results, out / "convergence.png")
