@@ -67,12 +67,16 @@ def clip_factor(norm: float, max_norm: float | None) -> float:
 # - "dc" (DC-ASGD-a): g += lambda g*g / sqrt(v) * (W(t) - W(t-1)), a first-order Taylor
 #   correction of the stale gradient with the diagonal outer-product approximation of the
 #   Hessian; v is Adam's second moment (1 for SGD).
-# What bench/convergence.py measured (docs/bench/convergence; gpt-tiny, pp=2 x dp=2, 120
-# steps, one seed), final validation loss against 1f1b's at equal tokens: with adamw, plain
-# 2bw +0.72%, predict -1.79% (it reached 1f1b's three-quarter-way loss in 80 steps, 1f1b in
-# 100), dc +0.90%; with sgd, 2bw +0.44%, predict +2.35%, dc +0.32%. So: predict for the
-# Adam family, where the normalised update is smooth enough to extrapolate; not for plain
-# SGD, whose raw steps overshoot when doubled. DC's correction is small at these rates.
+# What bench/convergence.py measured, final validation loss against 1f1b's at equal tokens
+# (gpt-tiny, pp=2 x dp=2). At 120 steps, one seed (docs/bench/convergence), every run was
+# still on the loss plateau: adamw 2bw +0.72%, predict -1.79%, dc +0.90%; sgd 2bw +0.44%,
+# predict +2.35%, dc +0.32%. At 160 steps over three seeds (docs/bench/convergence-seeds,
+# adamw at lr 3e-3), 1f1b leaves the plateau and the delayed runs do not: 2bw +11.2% (mean;
+# +7.4..+18.7%), predict +10.2% (+6.4..+15.6%). Prediction is the better of the two for the
+# Adam family, whose normalised update is smooth enough to extrapolate, and worse for plain
+# SGD, whose raw steps overshoot when doubled; neither closes the gap to synchronous
+# training at this learning rate, so the default stays "none" and 1f1b is the choice where
+# the loss must match synchronous training.
 DC_LAMBDA = 2.0
 
 
