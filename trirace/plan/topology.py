@@ -30,6 +30,8 @@ def parse_rate(text: str | float | int) -> float:
     unit = m.group(2) if m else ""
     if m and not unit:
         return float(m.group(1))
+    if m and "e" in m.group(1).lower():
+        m = None  # an exponent only on a bare number: "1e9bit" is no unit tc or a reader writes
     scale = _BIT_UNITS.get(unit.lower()) if unit.lower() in _BIT_UNITS else _BYTE_UNITS.get(unit)
     if not m or scale is None:
         raise UsageError(f"not a rate: {text!r} (e.g. 250mbit, 1gbit, 25GB/s)")

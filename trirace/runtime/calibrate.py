@@ -163,7 +163,9 @@ def transfer_cpu(rank: int, bytes_per_s: float, seconds: float = 2.0) -> dict[st
         dist.all_reduce(got)
         return float(got)
     small, big = torch.zeros(1), torch.zeros(1 << 20)  # 4 B, 4 MiB
-    n_small, n_big = 300, max(2, int(seconds * bytes_per_s / big.nbytes))
+    # seconds' worth of the link, at most 256 MiB: loopback's probed rate can be far above what
+    # a loaded host then moves
+    n_small, n_big = 300, min(64, max(2, int(seconds * bytes_per_s / big.nbytes)))
 
     def run(t: torch.Tensor, n: int):
         return lambda: [dist.send(t, 1) if rank == 0 else dist.recv(t, 0) for _ in range(n)]
