@@ -250,12 +250,14 @@ def test_calibration_round_trips_and_checks_its_shapes(tmp_path):
 
 def test_profile_measures_layers_and_loopback(tmp_path):
     out = tmp_path / "cal.json"
-    p = cli("profile", "--model", "gpt-test", "--data", "synthetic", "--out", str(out))
+    # two ranks (the testbed preset shares the cores): the contention curve has two points
+    p = cli("profile", "--model", "gpt-test", "--data", "synthetic", "--pp", "1", "--dp", "2", "--out", str(out))
     assert p.returncode == 0, p.stderr
     cal = load_calibration(out)
     assert len(cal.forward_s) == 7 and all(t > 0 for t in cal.backward_s[1:5])
     assert cal.links["intra"]["bits_per_s"] > 1e8
     assert list(cal.rows_touched.values())[0] > 0
+    assert len(cal.cpu_throughput) == 2 and set(cal.transfer_cpu) == {"intra"} and cal.send_buffer == {}
 
 
 def test_simulate_cli_json_has_every_policy(tmp_path):
