@@ -14,10 +14,35 @@ from trirace.models.build import loss_of
 from trirace.runtime.trainer import batch_fn, sampler_for
 
 
-def _optimizer(cfg: TrainConfig, params):
+def _optimizer(cfg: TrainConfig, model):
+    wd = cfg.weight_decay if cfg.weight_decay is not None else (0.01 if cfg.optimizer in ("adamw", "muon") else 0.0)
+    if cfg.optimizer == "muon":  # the hidden layers' matrices to Muon, everything else to AdamW
+        hidden = {id(p) for layer in list(model)[1:-1] for m in layer.modules() if not isinstance(m, torch.nn.Embedding)
+                  for p in m.parameters(recurse=False) if p.ndim == 2}
+        return _Pair(torch.optim.Muon([p for p in model.parameters() if id(p) in hidden], lr=cfg.learning_rate,
+                                      weight_decay=wd, adjust_lr_fn="match_rms_adamw"),
+                     torch.optim.AdamW([p for p in model.parameters() if id(p) not in hidden], lr=cfg.learning_rate,
+                                       weight_decay=wd))
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[cfg.optimizer]
-    wd = cfg.weight_decay if cfg.weight_decay is not None else (0.01 if cfg.optimizer == "adamw" else 0.0)
-    return cls(params, lr=cfg.learning_rate, weight_decay=wd)
+    return cls(model.parameters(), lr=cfg.learning_rate, weight_decay=wd)
+
+
+class _Pair:
+    """Two optimizers stepped as one."""
+
+    def __init__(self, *opts):
+        self.opts = opts
+        self.param_groups = [g for o in opts for g in o.param_groups]
+        self.state = {p: s for o in opts for p, s in o.state.items()}
+
+    def step(self):
+        for o in self.opts:
+            o.step()
+        self.state = {p: s for o in self.opts for p, s in o.state.items()}
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.opts:
+            o.zero_grad(set_to_none=set_to_none)
 
 
 def _lr(cfg: TrainConfig, t: int) -> float:
@@ -60,7 +85,7 @@ def train_sync(cfg: TrainConfig, after_update=None) -> list[float]:
     """W(t+1) = W(t) - lr * grad f(W(t)). `after_update(t, model)` sees W(t+1)."""
     torch.set_num_threads(1)
     model = build_model(cfg.spec, cfg.seed)
-    opt = _optimizer(cfg, model.parameters())
+    opt = _optimizer(cfg, model)
     batch = batch_fn(cfg, sampler_for(cfg))
     out = []
     for t in range(cfg.steps):
@@ -88,7 +113,7 @@ def train_2bw(cfg: TrainConfig, after_update=None) -> list[float]:
     torch.set_num_threads(1)
     current = build_model(cfg.spec, cfg.seed)  # W(t), owned by the optimizer
     take, then = copy.deepcopy(current), copy.deepcopy(current)  # B(t-1) for step t, B(t) for step t+1
-    opt = _optimizer(cfg, current.parameters())
+    opt = _optimizer(cfg, current)
     batch = batch_fn(cfg, sampler_for(cfg))
     out = []
     for t in range(cfg.steps):

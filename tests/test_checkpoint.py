@@ -15,14 +15,14 @@ def _losses(rows):
     return {r["step"]: r["loss"] for r in rows}
 
 
-@pytest.mark.parametrize("schedule", ["2bw", "1f1b"])
-def test_resume_is_bitwise_identical(tmp_path, schedule):
+@pytest.mark.parametrize("schedule, optimizer", [("2bw", "adam"), ("1f1b", "muon")])
+def test_resume_is_bitwise_identical(tmp_path, schedule, optimizer):
     ck = tmp_path / "ck"
-    full = make_config(BASE, schedule=schedule, steps=7)
-    first = make_config(BASE, schedule=schedule, steps=4, checkpoint_dir=ck, checkpoint_every=2)
+    full = make_config(BASE, schedule=schedule, optimizer=optimizer, steps=7)
+    first = make_config(BASE, schedule=schedule, optimizer=optimizer, steps=4, checkpoint_dir=ck, checkpoint_every=2)
     # Resumed under another policy: the checkpoint does not depend on it.
-    resumed = make_config(BASE, schedule=schedule, steps=7, checkpoint_dir=ck, resume=True, comm_policy="fifo",
-                          comm_log=tmp_path / "log-even")
+    resumed = make_config(BASE, schedule=schedule, optimizer=optimizer, steps=7, checkpoint_dir=ck, resume=True,
+                          comm_policy="fifo", comm_log=tmp_path / "log-even")
     cfgs = [full, first, resumed]
     if schedule == "2bw":  # and at an odd step, where 2BW's two weight slots swap roles
         cfgs += [make_config(BASE, steps=3, checkpoint_dir=tmp_path / "ck3", checkpoint_every=1),

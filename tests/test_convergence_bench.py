@@ -43,3 +43,13 @@ def test_bad_arguments_stop_before_any_run(capsys):
                  ["--steps", "10", "--eval-every", "10"]):
         assert main(argv + ["--out", "/nonexistent/never-made"]) == 2
         assert "convergence: error:" in capsys.readouterr().err
+
+
+def test_table_holds_other_optimizers_against_1f1b_with_adamw():
+    results = [{"optimizer": "adamw", "run": "1f1b", "rows": _rows([5.0, 4.0, 3.0, 2.0])},
+               {"optimizer": "muon", "run": "1f1b", "rows": _rows([4.0, 3.0, 2.0, 1.5])},
+               {"optimizer": "muon", "run": "2bw", "rows": _rows([4.5, 3.5, 1.9, 1.6])}]
+    text = table(results)
+    # Against its own optimizer's 1f1b, then against adamw's (final 2.0, target 2.0 at step 8).
+    assert "| 0 | muon | 2bw | 1.6000 | +6.67% | not reached (target 1.5000) | -20.00% | 6 (target 2.0000) |" in text
+    assert "| 0 | adamw | 1f1b | 2.0000 | +0.00% | 8 (target 2.0000) | +0.00% | 8 (target 2.0000) |" in text

@@ -45,6 +45,9 @@ def runs(request, tmp_path_factory):
     cfgs["2bw-dc-clip"] = make_config(base, schedule="2bw", optimizer="adamw", delay_compensation="dc", clip_grad=0.5)
     cfgs["2bw-dc-sgd"] = make_config(base, schedule="2bw", optimizer="sgd", delay_compensation="dc",
                                      comm_policy="blocking")
+    cfgs["1f1b-muon"] = make_config(base, schedule="1f1b", optimizer="muon", lr=3e-3)
+    cfgs["2bw-muon-predict"] = make_config(base, schedule="2bw", optimizer="muon", lr=3e-3, delay_compensation="predict",
+                                           partition="3,4")
     cfgs["llama-1f1b"] = make_config(base, model="llama-test", schedule="1f1b")
     cfgs["llama-2bw"] = make_config(base, model="llama-test", schedule="2bw")
     shape = tmp_path_factory.mktemp("shape") / "my-llama.yaml"  # grouped-query heads, tied table, own widths
@@ -59,14 +62,14 @@ RUNS: dict[str, list[dict]] = {}  # the metrics rows of the runs above
 
 
 @pytest.mark.parametrize("kind", ["1f1b", "gpipe", "bert-1f1b", "1f1b-adamw-cosine-clip", "llama-1f1b",
-                                  "llama-yaml-1f1b"])
+                                  "llama-yaml-1f1b", "1f1b-muon"])
 def test_sync_schedules_match_single_process(runs, kind):
     cfg, losses = runs[kind]
     _close(losses, train_sync(cfg))
 
 
 @pytest.mark.parametrize("kind", ["2bw", "2bw-sgd", "2bw-clip-linear", "2bw-sgd-clip-blocking", "llama-2bw",
-                                  "2bw-predict", "2bw-dc-clip", "2bw-dc-sgd"])
+                                  "2bw-predict", "2bw-dc-clip", "2bw-dc-sgd", "2bw-muon-predict"])
 def test_2bw_matches_delayed_update_rule(runs, kind):
     cfg, losses = runs[kind]
     _close(losses, train_2bw(cfg))

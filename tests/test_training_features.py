@@ -183,3 +183,27 @@ def test_bad_shape_files_are_one_line_and_exit_2(tmp_path, capsys, shape, why):
     assert main(["train", "--model", str(f), "--data", "synthetic", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and why in err, err
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
+    """Muon orthogonalises 2-D updates: the blocks' weight matrices. The token table,
+    positions, head and every norm and bias stay with AdamW, on every stage's slice."""
+    from trirace.models import build_model
+    from trirace.optim import MuonAdamW, make_optimizer, muon_matrices
+
+    cfg = make_config(BASE, optimizer="muon")
+    model = build_model(cfg.spec, 0)
+    layers = list(model)
+    ids = muon_matrices(layers, 0, len(layers))
+    names = {n for n, p in model.named_parameters() if id(p) in ids}
+    assert names and all(n.endswith(".weight") and not n.startswith(("0.", f"{len(layers) - 1}.")) for n in names)
+    assert {n for n, p in model.named_parameters() if p.ndim == 2} - names == {
+        n for n, p in model.named_parameters() if p.ndim == 2 and n.startswith(("0.", f"{len(layers) - 1}."))}
+    # A stage's slice sees the same split as the whole model.
+    tail = muon_matrices(layers[2:], 2, len(layers))
+    assert tail == {i for i in ids if any(i == id(p) for layer in layers[2:] for p in layer.parameters())}
+    opt = make_optimizer(list(model.parameters()), "muon", 1e-3, 0.01, ids)
+    assert isinstance(opt, MuonAdamW) and [type(o).__name__ for o in opt.parts] == ["Muon", "AdamW"]
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
+    with pytest.raises(ValueError, match="Muon"):
+        opt.load_state_dict({"parts": [{}]})

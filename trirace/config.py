@@ -33,10 +33,12 @@ class TrainConfig(BaseModel):
     micro_batch_size: int = Field(4, ge=1, description="sequences per micro-batch")
     seq_len: int | None = Field(None, ge=2, description="tokens per sequence (default: min(model max, 128))")
     steps: int = Field(40, ge=1, description="optimizer steps")
-    lr: float | None = Field(None, gt=0, description="peak learning rate (default 1e-3 adam/adamw, 0.1 sgd)")
-    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    lr: float | None = Field(None, gt=0, description="peak learning rate (default 1e-3 adam/adamw/muon, 0.1 sgd)")
+    optimizer: Literal["adam", "adamw", "sgd", "muon"] = Field(
+        "adam", description="adam, adamw, sgd, or muon (Muon on hidden matrices, AdamW on the rest; the most "
+        "robust to 2bw's one-step delay)")
     weight_decay: float | None = Field(
-        None, ge=0, description="weight decay: decoupled for adamw (default 0.01), L2 for adam and sgd (default 0)")
+        None, ge=0, description="weight decay: decoupled for adamw and muon (default 0.01), L2 for adam and sgd (default 0)")
     lr_schedule: Literal["constant", "cosine", "linear"] = Field(
         "constant", description="learning rate after warm-up: constant, or decaying to --min-lr at the last step")
     warmup_steps: int = Field(0, ge=0, description="steps of linear warm-up from lr / warmup_steps to lr")
@@ -201,7 +203,7 @@ class TrainConfig(BaseModel):
     @property
     def decay(self) -> float:
         """Weight decay in effect (--weight-decay, or the optimizer's usual default)."""
-        return self.weight_decay if self.weight_decay is not None else (0.01 if self.optimizer == "adamw" else 0.0)
+        return self.weight_decay if self.weight_decay is not None else (0.01 if self.optimizer in ("adamw", "muon") else 0.0)
 
     @property
     def activation_shape(self) -> tuple[int, int, int]:

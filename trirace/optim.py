@@ -7,19 +7,81 @@ these, so a schedule or a clip means the same thing everywhere.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-# Bytes of optimizer state per parameter beyond the fp32 master copy: Adam and AdamW keep
-# two moments; plain SGD (no momentum here) keeps nothing.
-STATE_VALUES = {"adam": 2, "adamw": 2, "sgd": 0}
+# Values of optimizer state per parameter beyond the fp32 master copy: Adam and AdamW keep
+# two moments; plain SGD (no momentum here) keeps nothing; Muon keeps one momentum buffer
+# for the hidden matrices and AdamW's two moments for the rest, so two bounds it.
+STATE_VALUES = {"adam": 2, "adamw": 2, "sgd": 0, "muon": 2}
+
+
+def muon_matrices(layers: Sequence[nn.Module], start: int, total: int) -> set[int]:
+    """ids of the parameters Muon updates in layers start.. of a `total`-layer model: the
+    weight matrices of the hidden layers. The first and last layers (token table,
+    positions, head) and every vector (norms, biases) stay with AdamW, as Muon's authors
+    prescribe: orthogonalising an embedding's or a classifier's update has no meaning."""
+    ids: set[int] = set()
+    for i, layer in enumerate(layers, start):
+        if 0 < i < total - 1:
+            for m in layer.modules():
+                if not isinstance(m, nn.Embedding):
+                    ids.update(id(p) for p in m.parameters(recurse=False) if p.ndim == 2)
+    return ids
+
+
+class MuonAdamW:
+    """Muon on the hidden matrices, AdamW on every other parameter, stepped together.
+
+    torch ships both but not the pair, and refuses vectors in Muon. Muon takes Moonshot's
+    learning-rate adjustment ("match_rms_adamw"), which scales its orthogonalised update
+    to AdamW's RMS, so one learning rate and weight decay serve both (arXiv 2502.16982).
+    The one-step-delay study (arXiv 2606.30634) finds Muon robust where AdamW degrades,
+    which is why 2BW users want it. Duck-typed like torch.optim.Optimizer where the
+    runtime reaches in: param_groups, state, step, zero_grad, state_dict."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], matrices: set[int], lr: float, weight_decay: float):
+        params = list(params)
+        mats = [p for p in params if id(p) in matrices]
+        rest = [p for p in params if id(p) not in matrices]
+        self.parts: list[torch.optim.Optimizer] = []
+        if mats:
+            self.parts.append(torch.optim.Muon(mats, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw"))
+        if rest:
+            self.parts.append(torch.optim.AdamW(rest, lr=lr, weight_decay=weight_decay))
+        self.param_groups = [g for o in self.parts for g in o.param_groups]
+
+    @property
+    def state(self) -> dict:
+        return {p: s for o in self.parts for p, s in o.state.items()}
+
+    def step(self) -> None:
+        for o in self.parts:
+            o.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.parts:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"parts": [o.state_dict() for o in self.parts]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state.get("parts", ())) != len(self.parts):
+            raise ValueError("optimizer state is not Muon+AdamW's (saved by another --optimizer?)")
+        for o, s in zip(self.parts, state["parts"]):
+            o.load_state_dict(s)
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], optimizer: str, lr: float,
-                   weight_decay: float) -> torch.optim.Optimizer:
-    """torch's own implementations, one parameter group."""
+                   weight_decay: float, matrices: set[int] | None = None) -> torch.optim.Optimizer | MuonAdamW:
+    """torch's own implementations, one parameter group; "muon" splits `params` by
+    `matrices` (muon_matrices' ids)."""
+    if optimizer == "muon":
+        return MuonAdamW(params, matrices or set(), lr, weight_decay)
     if optimizer == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if optimizer == "adamw":

@@ -4,7 +4,7 @@
 
 Trains gpt-tiny on the standard library's text with a held-out tail, under 1f1b (the
 synchronous reference: W(t+1) = W(t) - lr g(W(t))), 2bw (one step of weight delay), and
-2bw with each delay compensation (optim.py), for adamw and sgd, with the same seed, data,
+2bw with each delay compensation (optim.py), for adamw, sgd and muon, with the same seed, data,
 schedule of learning rates and steps. All runs share one set of local processes. Writes
 convergence.json (every row), convergence.md (validation loss at equal tokens, and the
 steps each run needed to reach a target) and convergence.png (the validation curves).
@@ -26,7 +26,9 @@ from ..config import make_config
 from ..runtime.launch import run_local
 
 RUNS = [("1f1b", "none"), ("2bw", "none"), ("2bw", "predict"), ("2bw", "dc")]
-LR = {"adamw": 3e-3, "sgd": 0.3}  # each optimizer's rate: high enough that a stale gradient matters
+# Each optimizer's rate: high enough that a stale gradient matters. Muon shares AdamW's
+# (optim.MuonAdamW scales its update to AdamW's RMS).
+LR = {"adamw": 3e-3, "sgd": 0.3, "muon": 3e-3}
 
 
 def label(schedule: str, compensation: str) -> str:
@@ -66,22 +68,36 @@ def table(results: list[dict]) -> str:
     """Per seed and optimizer: each run's final validation loss against 1f1b's, and the
     steps it took to reach 1f1b's loss three quarters of the way through (a target every
     run has a fair chance to reach); then, over seeds, the mean difference and its range."""
-    lines = ["| seed | optimizer | run | final validation loss | vs 1f1b | steps to the target |",
-             "|---|---|---|---|---|---|"]
+    opts = list(dict.fromkeys(r["optimizer"] for r in results))
+    across = "adamw" in opts and len(opts) > 1  # also hold every run against 1f1b with adamw, the usual baseline
+    lines = ["| seed | optimizer | run | final validation loss | vs 1f1b | steps to the target |"
+             + (" vs 1f1b adamw | steps to its target |" if across else ""),
+             "|---|---|---|---|---|---|" + ("---|---|" if across else "")]
     diffs: dict[tuple[str, str], list[float]] = {}
+
+    def reference(rs: list[dict]) -> tuple[float, float]:
+        """1f1b's final validation loss, and its loss three quarters of the way through."""
+        evals = [v for _, v in curves(next(r for r in rs if r["run"] == "1f1b"))]
+        return evals[-1], evals[(3 * len(evals)) // 4]
+
+    def reached(r: dict, target: float) -> str:
+        s = steps_to(r, target)
+        return f"{s if s is not None else 'not reached'} (target {target:.4f})"
+
     for seed in dict.fromkeys(r.get("seed", 0) for r in results):
-        for opt in dict.fromkeys(r["optimizer"] for r in results):
+        base = reference([r for r in results if r["optimizer"] == "adamw" and r.get("seed", 0) == seed]) \
+            if across else None
+        for opt in opts:
             mine = [r for r in results if r["optimizer"] == opt and r.get("seed", 0) == seed]
-            ref = next(r for r in mine if r["run"] == "1f1b")
-            ref_final = curves(ref)[-1][1]
-            evals = [v for _, v in curves(ref)]
-            target = evals[(3 * len(evals)) // 4]
+            ref_final, target = reference(mine)
             for r in mine:
                 final = curves(r)[-1][1]
-                s = steps_to(r, target)
                 diffs.setdefault((opt, r["run"]), []).append(final / ref_final - 1)
-                lines.append(f"| {seed} | {opt} | {r['run']} | {final:.4f} | {100 * (final / ref_final - 1):+.2f}% | "
-                             f"{s if s is not None else 'not reached'} (target {target:.4f}) |")
+                row = f"| {seed} | {opt} | {r['run']} | {final:.4f} | {100 * (final / ref_final - 1):+.2f}% | " \
+                      f"{reached(r, target)} |"
+                if base:
+                    row += f" {100 * (final / base[0] - 1):+.2f}% | {reached(r, base[1])} |"
+                lines.append(row)
     if len({r.get("seed", 0) for r in results}) > 1:
         lines += ["", "| optimizer | run | mean vs 1f1b over seeds | range |", "|---|---|---|---|"]
         for (opt, name), d in diffs.items():
@@ -120,11 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=120, help="optimizer steps per run (default: 120)")
     p.add_argument("--eval-every", type=int, default=10, help="steps between evaluations (default: 10)")
-    p.add_argument("--optimizers", default="adamw,sgd", help="comma-separated (default: adamw,sgd)")
+    p.add_argument("--optimizers", default="adamw,sgd", help="comma-separated among adamw, sgd, muon (default: adamw,sgd)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds, each a full set of runs (default: 0)")
     p.add_argument("--runs", default=",".join(label(*r) for r in RUNS),
                    help="comma-separated among " + ", ".join(label(*r) for r in RUNS) + " (1f1b is always run)")
-    p.add_argument("--lr", type=float, help="peak learning rate for every optimizer (default: adamw 3e-3, sgd 0.3)")
+    p.add_argument("--lr", type=float, help="peak learning rate for every optimizer (default: adamw and muon 3e-3, sgd 0.3)")
     p.add_argument("--out", default="docs/bench/convergence", help="output directory")
     args = p.parse_args(argv)
     opts = [o for o in args.optimizers.split(",") if o]
@@ -136,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         seeds = []
     if args.steps < 2 * args.eval_every or (args.lr is not None and not args.lr > 0) or not opts or any(o not in LR for o in opts) or not seeds \
             or any(n not in known for n in names):
-        print("convergence: error: need steps >= 2 x eval-every, a positive lr, optimizers among adamw, sgd, integer seeds and "
+        print("convergence: error: need steps >= 2 x eval-every, a positive lr, optimizers among adamw, sgd, muon, integer seeds and "
               f"runs among {', '.join(known)}", file=sys.stderr)
         return 2
     out = Path(args.out)

@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from ..models import ModelSpec, build_layers, layer_names
 from ..models.build import head_name, table_name, tie_in_place
 from ..models.layers import Block, LlamaBlock
-from ..optim import dc_correct, make_optimizer
+from ..optim import dc_correct, make_optimizer, muon_matrices
 
 
 class StageModel:
@@ -50,7 +50,9 @@ class StageModel:
                 p.grad = flat[offset:offset + p.numel()].view_as(p)
                 offset += p.numel()
         self.master = [nn.Parameter(p.detach().clone()) for p in self.versions[0].parameters()]
-        self.optimizer = make_optimizer(self.master, optimizer, lr, weight_decay)
+        hidden = muon_matrices(self.versions[0], layers.start, len(layer_names(spec)))
+        matrices = {id(m) for m, p in zip(self.master, params) if id(p) in hidden}
+        self.optimizer = make_optimizer(self.master, optimizer, lr, weight_decay, matrices)
 
     @staticmethod
     def _layers(spec: ModelSpec, seed: int, layers: range) -> list[nn.Module]:

@@ -18,7 +18,7 @@ from ..models import ModelSpec, layer_names
 from .calibration import Calibration
 from .cluster import Device
 
-OPT_BYTES_PER_PARAM = {"adam": 36, "adamw": 36, "sgd": 16}
+OPT_BYTES_PER_PARAM = {"adam": 36, "adamw": 36, "sgd": 16, "muon": 36}  # muon: at most AdamW's
 
 
 def layer_flops(spec: ModelSpec, batch: int, seq: int) -> list[float]:
