@@ -29,7 +29,7 @@ import torch
 from ..config import TrainConfig
 from ..errors import UsageError
 from ..models import build_layers, lm_loss
-from ..optim import make_optimizer
+from ..optim import make_optimizer, muon_matrices
 from ..sim.calibration import Calibration
 from .trainer import batch_fn, sampler_for
 
@@ -71,10 +71,13 @@ def layer_times(cfg: TrainConfig, reps: int = 5) -> tuple[list[float], list[floa
         fb = _best(both, reps)
         fwd.append(f)
         bwd.append(max(fb - f, 0.0))
-    params = [torch.nn.Parameter(p.detach().clone()) for layer in layers for p in layer.parameters()]
+    originals = [p for layer in layers for p in layer.parameters()]
+    params = [torch.nn.Parameter(p.detach().clone()) for p in originals]
     for p in params:
         p.grad = torch.zeros_like(p)
-    opt = make_optimizer(params, cfg.optimizer, cfg.learning_rate, cfg.decay)
+    hidden = muon_matrices(layers, 0, len(layers))  # muon: its split, so its Newton-Schulz cost is timed
+    opt = make_optimizer(params, cfg.optimizer, cfg.learning_rate, cfg.decay,
+                         {id(c) for c, p in zip(params, originals) if id(p) in hidden})
     copies = [p.detach().clone() for p in params]
 
     def step():
