@@ -6,8 +6,10 @@ Trains gpt-tiny on the standard library's text with a held-out tail, under 1f1b 
 synchronous reference: W(t+1) = W(t) - lr g(W(t))), 2bw (one step of weight delay), and
 2bw with each delay compensation (optim.py), for adamw, sgd and muon, with the same seed, data,
 schedule of learning rates and steps. All runs share one set of local processes. Writes
-convergence.json (every row), convergence.md (validation loss at equal tokens, and the
-steps each run needed to reach a target) and convergence.png (the validation curves).
+convergence.json (the settings and every row), convergence.md (validation loss at equal
+tokens, and the steps each run needed to reach a target) and convergence.png (the
+validation curves). A long set of runs need not start over: --resume keeps the runs
+already saved with the same settings and runs only the missing ones.
 
 Wall time is not compared here: on loopback the schedules' speed says nothing about a
 network. Time to target on an emulated network is steps-to-target times the step time
@@ -36,11 +38,15 @@ def label(schedule: str, compensation: str) -> str:
 
 
 def run(steps: int, eval_every: int, optimizers: list[str], seeds: list[int],
-        runs: list[tuple[str, str]] = RUNS, lr: float | None = None) -> list[dict]:
+        runs: list[tuple[str, str]] = RUNS, lr: float | None = None,
+        done: frozenset[tuple[str, str, int]] = frozenset()) -> list[dict]:
+    """Every (optimizer, run, seed) not in `done`, as one batch of local jobs."""
     cfgs, names = [], []
     for seed in seeds:
         for opt in optimizers:
             for schedule, comp in runs:
+                if (opt, label(schedule, comp), seed) in done:
+                    continue
                 rate = LR[opt] if lr is None else lr
                 cfgs.append(make_config(dict(model="gpt-tiny", data="stdlib", pp=2, dp=2, steps=steps, seed=seed,
                                              schedule=schedule, delay_compensation=comp, optimizer=opt, lr=rate,
@@ -48,10 +54,28 @@ def run(steps: int, eval_every: int, optimizers: list[str], seeds: list[int],
                                              min_lr=rate / 10, eval_every=eval_every, eval_batches=4,
                                              balance="params", progress=False)))
                 names.append((opt, label(schedule, comp), seed))
+    if not cfgs:
+        return []
     t0 = time.perf_counter()
     results = run_local(cfgs, timeout_s=None)
     print(f"convergence: {len(cfgs)} runs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return [{"optimizer": o, "run": n, "seed": seed, "rows": rows} for (o, n, seed), rows in zip(names, results)]
+
+
+def previous(path: Path, steps: int, eval_every: int, lr: float | None) -> list[dict]:
+    """The results a --resume keeps from an earlier convergence.json: only runs of the same
+    length, evaluation interval and learning rate (a mismatch is an error, not a merge)."""
+    if not path.exists():
+        return []
+    saved = json.loads(path.read_text())
+    if isinstance(saved, list):  # written before settings were recorded: judge by the rows
+        saved = {"settings": None, "results": saved}
+    want = {"steps": steps, "eval_every": eval_every, "lr": lr}
+    if saved["settings"] not in (None, want) or any(
+            len(r["rows"]) != steps or [x["step"] for x in r["rows"] if x.get("val_loss") is not None]
+            != [t for t in range(steps) if (t + 1) % eval_every == 0 or t == steps - 1] for r in saved["results"]):
+        raise ValueError(f"{path} holds runs with other settings than {want}; use another --out")
+    return saved["results"]
 
 
 def curves(result: dict) -> list[tuple[int, float]]:
@@ -142,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated among " + ", ".join(label(*r) for r in RUNS) + " (1f1b is always run)")
     p.add_argument("--lr", type=float, help="peak learning rate for every optimizer (default: adamw and muon 3e-3, sgd 0.3)")
     p.add_argument("--out", default="docs/bench/convergence", help="output directory")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the runs already in OUT/convergence.json (same settings) and run only the missing ones")
     args = p.parse_args(argv)
     opts = [o for o in args.optimizers.split(",") if o]
     known = {label(*r): r for r in RUNS}
@@ -157,8 +183,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = run(args.steps, args.eval_every, opts, seeds, [known[n] for n in names], args.lr)
-    (out / "convergence.json").write_text(json.dumps(results))
+    try:
+        kept = previous(out / "convergence.json", args.steps, args.eval_every, args.lr) if args.resume else []
+    except ValueError as e:
+        print(f"convergence: error: {e}", file=sys.stderr)
+        return 2
+    kept = [r for r in kept if r["optimizer"] in opts and r["run"] in names and r["seed"] in seeds]
+    new = run(args.steps, args.eval_every, opts, seeds, [known[n] for n in names], args.lr,
+              frozenset((r["optimizer"], r["run"], r["seed"]) for r in kept))
+    order = {(o, n, s): i for i, (s, o, n) in enumerate((s, o, n) for s in seeds for o in opts for n in names)}
+    results = sorted(kept + new, key=lambda r: order[r["optimizer"], r["run"], r["seed"]])
+    (out / "convergence.json").write_text(json.dumps(
+        {"settings": {"steps": args.steps, "eval_every": args.eval_every, "lr": args.lr}, "results": results}))
     command = f"python -m trirace.bench.convergence --steps {args.steps} --eval-every {args.eval_every} " \
               f"--optimizers {','.join(opts)} --seeds {','.join(map(str, seeds))} --runs {','.join(names)} " \
               + (f"--lr {args.lr:g} " if args.lr is not None else "") + f"--out {args.out}"
