@@ -109,3 +109,23 @@ def test_plan_shows_each_candidate_and_why(tmp_path, capsys):
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("placement: "))
     assert "by prediction" in line and "dp-inner: " in line and "pp-inner: " in line
+
+
+def test_auto_placement_weighs_collectives_at_the_bus_bandwidth():
+    """A preset whose all-reduce reaches a third of the NIC's rate triples the reduction's
+    link time in every candidate's score, as it does in the simulator and the bound; P2P
+    bytes keep the nominal rate (pp=2 here, so both kinds cross nodes)."""
+    cfg = make_config(dict(model="gpt-test", data="synthetic", pp=2, dp=2, balance="params", rank_order="auto",
+                           embedding_comm="dense"))  # the table inside the dense gradient: one byte count
+    plain = {c.order: c for c in plan_job(cfg, TWO_BY_TWO).placements}
+    slow = {c.order: c for c in plan_job(cfg, TWO_BY_TWO, collective_factor=3.0).placements}
+    assert set(plain) == set(slow) and len(plain) > 1
+    for order, c in plain.items():
+        nominal = plan_link_bytes(plan_job(cfg.model_copy(update={"rank_order": order}), TWO_BY_TWO),
+                                   cfg.micro_batches, cfg.activation_bytes)
+        reduced = plan_link_bytes(plan_job(cfg.model_copy(update={"rank_order": order}), TWO_BY_TWO),
+                                  cfg.micro_batches, cfg.activation_bytes, collective_factor=3.0)
+        assert slow[order].link_s == pytest.approx(max(reduced.values()) / SLOW.bytes_per_s)
+        assert c.link_s == pytest.approx(max(nominal.values()) / SLOW.bytes_per_s)
+        assert slow[order].link_s >= c.link_s
+    assert any(slow[o].link_s > plain[o].link_s for o in plain)  # some candidate's busiest NIC carries a reduction

@@ -21,6 +21,7 @@ from ..comm.policies import POLICIES
 from ..config import TrainConfig, make_config
 from ..plan.job import plan_job
 from ..plan.placement import candidates
+from ..plan.topology import INTER
 from ..sim.cluster import Cluster, load_cluster
 from ..sim.compute import ComputeModel
 from ..sim.run import simulate
@@ -48,7 +49,8 @@ def auto_order(cfg: TrainConfig, cluster: Cluster) -> str:
     """The order plan_job picks for `cfg` on `cluster`, from the simulator's compute model."""
     compute = ComputeModel.build(cfg.spec, cfg.micro_batch_size, cfg.tokens_seq, cluster.device, cfg.optimizer)
     times = [f + b for f, b in zip(compute.forward_s, compute.backward_s)]
-    return plan_job(cfg, cluster.topology(cfg.world_size), lambda: times).layout.order
+    return plan_job(cfg, cluster.topology(cfg.world_size), lambda: times,
+                    collective_factor=cluster.collective_factor(INTER)).layout.order
 
 
 def run_cell(preset: str, rpn: int | None, model: str, pp: int, dp: int, m: int, mbs: int, steps: int = 6,

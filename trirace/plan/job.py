@@ -129,11 +129,13 @@ def _first_steps(sched: Schedule, stage: int, steps: int) -> list:
 
 
 def plan_job(cfg: TrainConfig, topology: Topology, layer_times: Callable[[], list[float]] | None = None,
-             steps: int | None = None) -> JobPlan:
+             steps: int | None = None, collective_factor: float = 1.0) -> JobPlan:
     """The plan every rank of `cfg`'s job executes. `layer_times` (per-layer seconds) is
     called when the partition balances measured time and when auto placement weighs
     candidates across nodes; `steps` (default cfg.steps) is what is left to run, fewer on
-    a resume."""
+    a resume. `collective_factor`: what a cluster preset's bus bandwidth makes of a
+    collective's bytes across nodes (sim/cluster.py; 1 on measured links), so auto
+    placement weighs reductions as the simulator and the bound do."""
     topology.check(cfg.world_size)
     sizes = cfg.stage_sizes(layer_times or _no_times)
     tied = cfg.spec.tie_embeddings and cfg.pp > 1
@@ -145,12 +147,12 @@ def plan_job(cfg: TrainConfig, topology: Topology, layer_times: Callable[[], lis
                      cfg.embedding_comm) for o in orders]
     if len(plans) == 1:
         return plans[0]
-    ranked = _predict(cfg, plans, sizes, layer_times)
+    ranked = _predict(cfg, plans, sizes, layer_times, collective_factor)
     return replace(plans[orders.index(ranked[0].order)], placements=tuple(ranked))
 
 
 def _predict(cfg: TrainConfig, plans: list[JobPlan], sizes: list[int],
-             layer_times: Callable[[], list[float]] | None) -> list[placement.Candidate]:
+             layer_times: Callable[[], list[float]] | None, collective_factor: float = 1.0) -> list[placement.Candidate]:
     """Every candidate plan's predicted step, fastest first (plan/placement.py)."""
     # Compute is the same under every placement; it says how much link time hides behind it.
     per_layer = (layer_times() if layer_times is not None else None) or [0.0] * sum(sizes)
@@ -158,7 +160,8 @@ def _predict(cfg: TrainConfig, plans: list[JobPlan], sizes: list[int],
     rows = sparse_cost.expected_rows(cfg.spec.vocab_size, cfg.tokens_per_replica_step)
     return placement.rank([
         placement.score(p.layout.order, p.layout, p.topology,
-                        plan_link_bytes(p, cfg.micro_batches, cfg.activation_bytes, table_sent(cfg, p, rows)),
+                        plan_link_bytes(p, cfg.micro_batches, cfg.activation_bytes, table_sent(cfg, p, rows),
+                                        collective_factor=collective_factor),
                         compute, cfg.activation_bytes) for p in plans])
 
 

@@ -115,7 +115,8 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
                                  calibration)
     if cfg.recompute:
         compute = compute.recomputing(spec)
-    plan = plan_job(cfg, topo, lambda: [f + b for f, b in zip(compute.forward_s, compute.backward_s)])
+    plan = plan_job(cfg, topo, lambda: [f + b for f, b in zip(compute.forward_s, compute.backward_s)],
+                    collective_factor=cluster.collective_factor(INTER))
     sizes, layout = list(plan.partition), plan.layout
     fabric = Fabric(layout, topo, HostCpu.of(cluster.shared_cores, calibration), plan.tied)
     numels_by_layer = layer_param_numels(spec)
