@@ -22,7 +22,7 @@ out=$(mktemp -d)
 JOB=(--model gpt-tiny --data synthetic --steps 12 --micro-batches 4 --micro-batch-size 8 --seq-len 128 --no-progress)
 
 losses() {  # the per-step losses a metrics file holds, on one line
-  "$PY" -c 'import json, sys; rows = [json.loads(l) for l in open(sys.argv[1])]; print("losses:", " ".join(f"{r[\"loss\"]:.4f}" for r in rows))' "$1"
+  "$PY" -c 'import json, sys; rows = [json.loads(l) for l in open(sys.argv[1])]; print("losses:", " ".join("%.4f" % r["loss"] for r in rows))' "$1"
 }
 
 run() {  # NAME, then flags for trirace train (or a torchrun command line after "--torchrun N")
@@ -44,9 +44,10 @@ if [ "$gpus" -ge 2 ]; then
     run "nccl-pp2-$policy" "${JOB[@]}" --backend nccl --pp 2 --dp 1 --comm-policy "$policy"
   done
   run "torchrun-nccl-pp2" --torchrun 2 "${JOB[@]}" --backend nccl --pp 2 --dp 1
-  # the training features: bf16 compute and reduction, recompute, clipping, evaluation
+  # the training features: bf16 compute and reduction, recompute, clipping, evaluation; Muon
   run "nccl-pp2-bf16" "${JOB[@]}" --backend nccl --pp 2 --dp 1 --precision bf16 --recompute --clip-grad 1 \
     --eval-every 4 --lr-schedule cosine --warmup-steps 2
+  run "nccl-pp2-muon" "${JOB[@]}" --backend nccl --pp 2 --dp 1 --optimizer muon
   if [ "$gpus" -ge 4 ]; then
     run "nccl-pp2-dp2" "${JOB[@]}" --backend nccl --pp 2 --dp 2 --embedding-comm auto
     run "nccl-pp2-dp2-bf16-comm" "${JOB[@]}" --backend nccl --pp 2 --dp 2 --grad-comm-dtype bf16
@@ -55,6 +56,7 @@ else
   run "nccl-world1" "${JOB[@]}" --backend nccl --pp 1 --dp 1
   run "nccl-world1-bf16" "${JOB[@]}" --backend nccl --pp 1 --dp 1 --precision bf16 --recompute --clip-grad 1 \
     --eval-every 4 --lr-schedule cosine --warmup-steps 2
+  run "nccl-world1-muon" "${JOB[@]}" --backend nccl --pp 1 --dp 1 --precision bf16 --optimizer muon
   run "gloo-cpu-pp2-dp2" "${JOB[@]}" --backend gloo --pp 2 --dp 2
 fi
 echo "gpu_check: done ($out)"
