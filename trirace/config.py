@@ -47,7 +47,7 @@ class TrainConfig(BaseModel):
         None, gt=0, description="clip the global gradient norm (over every stage and replica) to this value")
     delay_compensation: Literal["none", "predict", "dc"] = Field(
         "none", description="2bw only: correct the one-step weight delay by weight prediction (predict: best "
-        "measured with adam/adamw) or DC-ASGD (dc)")
+        "measured with adamw and muon) or DC-ASGD (dc)")
     on_nonfinite: Literal["stop", "skip"] = Field(
         "stop", description="a non-finite loss or gradient norm: stop the job (exit 3), or skip that update")
     precision: Literal["fp32", "bf16"] = Field(

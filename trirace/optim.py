@@ -129,16 +129,17 @@ def clip_factor(norm: float, max_norm: float | None) -> float:
 # - "dc" (DC-ASGD-a): g += lambda g*g / sqrt(v) * (W(t) - W(t-1)), a first-order Taylor
 #   correction of the stale gradient with the diagonal outer-product approximation of the
 #   Hessian; v is Adam's second moment (1 for SGD).
-# What bench/convergence.py measured, final validation loss against 1f1b's at equal tokens
-# (gpt-tiny, pp=2 x dp=2). At 120 steps, one seed (docs/bench/convergence), every run was
-# still on the loss plateau: adamw 2bw +0.72%, predict -1.79%, dc +0.90%; sgd 2bw +0.44%,
-# predict +2.35%, dc +0.32%. At 160 steps over three seeds (docs/bench/convergence-seeds,
-# adamw at lr 3e-3), 1f1b leaves the plateau and the delayed runs do not: 2bw +11.2% (mean;
-# +7.4..+18.7%), predict +10.2% (+6.4..+15.6%). Prediction is the better of the two for the
-# Adam family, whose normalised update is smooth enough to extrapolate, and worse for plain
-# SGD, whose raw steps overshoot when doubled; neither closes the gap to synchronous
-# training at this learning rate, so the default stays "none" and 1f1b is the choice where
-# the loss must match synchronous training.
+# What was measured (README, Convergence). With AdamW the delay costs 7-19% of validation
+# loss at 160 steps on gpt-tiny (three seeds, docs/bench/convergence-seeds) and 22% at 1000
+# steps on a GPU (docs/bench/convergence-gpu); prediction recovers about half of it at 1000
+# steps and little at 160; DC-ASGD did not help at 120 steps. Raising beta1 or lowering beta2,
+# clipping, a longer warm-up and extrapolating the last update all left the delayed run on
+# the loss plateau (single-process exploration, seed 0). The optimizer decides: with Muon
+# (MuonAdamW above) the delay costs 2.0% at 1000 steps (prediction 1.7%), as arXiv
+# 2606.30634 reports, and the delayed Muon run is 15% below synchronous AdamW. Prediction
+# is the better correction for the Adam family and Muon, whose normalised updates are
+# smooth enough to extrapolate, and worse for plain SGD, whose raw steps overshoot when
+# doubled. The default stays "none"; for 2bw, use muon with "predict".
 DC_LAMBDA = 2.0
 
 
