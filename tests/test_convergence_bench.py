@@ -67,6 +67,8 @@ def test_resume_keeps_finished_runs_and_refuses_other_settings(tmp_path, capsys)
     (tmp_path / "convergence.json").write_text(json.dumps(saved))  # the format before settings were kept
     argv = ["--steps", "4", "--eval-every", "2", "--optimizers", "adamw", "--runs", "1f1b,2bw", "--out", str(tmp_path)]
     assert main(argv + ["--resume"]) == 0
+    assert (tmp_path / "convergence.md").read_text().startswith("`python -m trirace.bench.convergence") and \
+        "--resume`" in (tmp_path / "convergence.md").read_text()
     assert "| 0 | adamw | 2bw | 4.4000 | +10.00% |" in (tmp_path / "convergence.md").read_text()
     written = json.loads((tmp_path / "convergence.json").read_text())
     assert written["settings"] == {"steps": 4, "eval_every": 2, "lr": None}

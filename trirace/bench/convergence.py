@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         {"settings": {"steps": args.steps, "eval_every": args.eval_every, "lr": args.lr}, "results": results}))
     command = f"python -m trirace.bench.convergence --steps {args.steps} --eval-every {args.eval_every} " \
               f"--optimizers {','.join(opts)} --seeds {','.join(map(str, seeds))} --runs {','.join(names)} " \
-              + (f"--lr {args.lr:g} " if args.lr is not None else "") + f"--out {args.out}"
+              + (f"--lr {args.lr:g} " if args.lr is not None else "") + f"--out {args.out}" \
+              + (" --resume" if args.resume else "")
     text = f"`{command}`\n\n{table(results)}\n"
     (out / "convergence.md").write_text(text)
     plot(results, out / "convergence.png")
