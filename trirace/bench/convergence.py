@@ -19,6 +19,7 @@ network. Time to target on an emulated network is steps-to-target times the step
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     kept = [r for r in kept if r["optimizer"] in opts and r["run"] in names and r["seed"] in seeds]
     new = run(args.steps, args.eval_every, opts, seeds, [known[n] for n in names], args.lr,
               frozenset((r["optimizer"], r["run"], r["seed"]) for r in kept))
-    order = {(o, n, s): i for i, (s, o, n) in enumerate((s, o, n) for s in seeds for o in opts for n in names)}
+    order = {(o, n, s): i for i, (s, o, n) in enumerate(itertools.product(seeds, opts, names))}
     results = sorted(kept + new, key=lambda r: order[r["optimizer"], r["run"], r["seed"]])
     (out / "convergence.json").write_text(json.dumps(
         {"settings": {"steps": args.steps, "eval_every": args.eval_every, "lr": args.lr}, "results": results}))

@@ -114,9 +114,9 @@ class StageModel:
             if scale != 1.0:
                 self.flat_grad(version).mul_(scale)
             if compensation == "dc":
+                states = self.optimizer.state  # once: MuonAdamW assembles it from its two parts
                 for m, p in zip(self.master, computed_on):
-                    state = self.optimizer.state.get(m, {}).get("exp_avg_sq")
-                    dc_correct(p.grad, m.detach(), p.detach(), state)
+                    dc_correct(p.grad, m.detach(), p.detach(), states.get(m, {}).get("exp_avg_sq"))
             if lr is not None:
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
