@@ -90,8 +90,8 @@ def test_skip_refuses_the_same_updates_on_every_rank():
 
 def test_recompute_gives_the_same_losses_with_less_memory():
     """Same losses bit for bit; the peak resident memory of the first stage drops on a shape
-    where activations dominate. Recompute runs first: a process's peak only grows, so the
-    second job's figure is the larger of the two if recompute saved nothing."""
+    where activations dominate. Recompute runs first: the second job's peak starts from what
+    the worker still holds of the first, so it is the larger if recompute saved nothing."""
     shape = dict(BASE, micro_batch_size=160, seq_len=64, micro_batches=4, steps=3, partition="3,4")
     with_rc, without = run_local([make_config(shape, recompute=True), make_config(shape)], timeout_s=240)
     assert [r["loss"] for r in with_rc] == [r["loss"] for r in without]
@@ -207,3 +207,18 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
     with pytest.raises(ValueError, match="Muon"):
         opt.load_state_dict({"parts": [{}]})
+
+
+def test_a_run_reports_its_own_peak_memory_not_an_earlier_runs():
+    """Workers run several jobs one after another (run_local): each Trainer restarts the
+    kernel's high-water mark, so a later job does not report a transient peak of an earlier
+    one. Checked on this process: 300 MB touched and freed, then the reset."""
+    from trirace.runtime.trainer import _peak_rss_mb, _reset_peak_rss
+
+    block = bytearray(300 << 20)  # one mmap: returned to the kernel when freed
+    block[::4096] = b"\1" * len(block[::4096])
+    del block
+    before = _peak_rss_mb()
+    _reset_peak_rss()
+    after = _peak_rss_mb()
+    assert before - after > 250, (before, after)

@@ -92,6 +92,7 @@ class Trainer:
                              f"{dist.get_world_size()} ranks")
         self.cfg = cfg
         self.device = device or default_device()
+        _reset_peak_rss()  # this run's peak, not an earlier run's in the same process (run_local)
         self.sampler = sampler_for(cfg)
         # The control communicator comes first: everything agreed below travels on it.
         self.log = CommLog(cfg.comm_log, dist.get_rank())
@@ -302,7 +303,7 @@ class _StepMetrics:
             row[k] = v[k] / world  # mean per rank
         row["rank_compute_cpu_s"] = per_rank
         row["rank_rss_mb"] = rss
-        row["rank_peak_rss_mb"] = peak_rss  # the process's high-water mark so far
+        row["rank_peak_rss_mb"] = peak_rss  # the high-water mark since this run started
         for cls in ("intra", "inter"):  # probed at start-up, and achieved since (this rank's view)
             row[f"{cls}_probed_MBps"] = self.comm.topo.link(cls).bytes_per_s / 1e6
             row[f"{cls}_achieved_MBps"] = self.comm.links.bytes_per_s[cls] / 1e6
@@ -333,10 +334,21 @@ def _rss_mb() -> float:
         return 0.0
 
 
+def _reset_peak_rss() -> None:
+    """Restart VmHWM from the current resident size (Linux: "5" to clear_refs), so a worker
+    running several jobs reports each job's own peak. Where it cannot, the peak stays the
+    process's since start, an upper bound."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def _peak_rss_mb() -> float:
-    """This process's peak resident memory so far: VmHWM, the high-water mark of its own
-    address space. (Not getrusage's ru_maxrss, which Linux carries across exec: a worker
-    started from a large parent would report the parent's size.)"""
+    """This process's peak resident memory since the run started (_reset_peak_rss): VmHWM,
+    the high-water mark of its own address space. (Not getrusage's ru_maxrss, which Linux
+    carries across exec: a worker started from a large parent would report the parent's size.)"""
     try:
         with open("/proc/self/status") as f:
             for line in f:
