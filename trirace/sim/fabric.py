@@ -20,6 +20,11 @@ in seconds like computation, since max-min sharing needs one unit per resource.
 Max-min sharing on the folded problem gives every copy of a class the rate of the
 slowest copy, which is what lockstep replicas see. The assumption: replicas are
 symmetric. A layout whose copies meet different contention is modelled at its slowest.
+Measured on the testbed, 2bw's replicas are not in lockstep: with an asynchronous policy
+one replica runs 0.4-1.0 s (up to a step) ahead of the other. Two replicas on one node then
+mostly take turns on the uplink where the fold makes them collide (2x2 over-predicted), and
+share the cores at other moments than the fold has them (4x1 under-predicted);
+docs/bench/sim-accuracy/lockstep.md.
 """
 
 from __future__ import annotations
