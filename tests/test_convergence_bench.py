@@ -73,6 +73,11 @@ def test_resume_keeps_finished_runs_and_refuses_other_settings(tmp_path, capsys)
     written = json.loads((tmp_path / "convergence.json").read_text())
     assert written["settings"] == {"steps": 4, "eval_every": 2, "lr": None}
     assert [r["run"] for r in written["results"]] == ["1f1b", "2bw"]  # 1f1b first, as requested
+    # Asking for less keeps the rest in the file: only the table narrows.
+    assert main(argv[:-4] + ["--runs", "1f1b", "--out", str(tmp_path), "--resume"]) == 0
+    assert "| 0 | adamw | 2bw |" not in (tmp_path / "convergence.md").read_text()
+    written = json.loads((tmp_path / "convergence.json").read_text())
+    assert sorted(r["run"] for r in written["results"]) == ["1f1b", "2bw"]
     capsys.readouterr()
     assert main(["--steps", "6", "--eval-every", "2", "--optimizers", "adamw", "--out", str(tmp_path), "--resume"]) == 2
     assert "other settings" in capsys.readouterr().err

@@ -9,7 +9,8 @@ schedule of learning rates and steps. All runs share one set of local processes.
 convergence.json (the settings and every row), convergence.md (validation loss at equal
 tokens, and the steps each run needed to reach a target) and convergence.png (the
 validation curves). A long set of runs need not start over: --resume keeps the runs
-already saved with the same settings and runs only the missing ones.
+already saved with the same settings and runs only the missing ones; runs saved but not
+asked for this time stay in convergence.json, out of the table.
 
 Wall time is not compared here: on loopback the schedules' speed says nothing about a
 network. Time to target on an emulated network is steps-to-target times the step time
@@ -189,13 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"convergence: error: {e}", file=sys.stderr)
         return 2
-    kept = [r for r in kept if r["optimizer"] in opts and r["run"] in names and r["seed"] in seeds]
-    new = run(args.steps, args.eval_every, opts, seeds, [known[n] for n in names], args.lr,
-              frozenset((r["optimizer"], r["run"], r["seed"]) for r in kept))
     order = {(o, n, s): i for i, (s, o, n) in enumerate(itertools.product(seeds, opts, names))}
-    results = sorted(kept + new, key=lambda r: order[r["optimizer"], r["run"], r["seed"]])
-    (out / "convergence.json").write_text(json.dumps(
-        {"settings": {"steps": args.steps, "eval_every": args.eval_every, "lr": args.lr}, "results": results}))
+    wanted = [r for r in kept if (r["optimizer"], r["run"], r["seed"]) in order]
+    new = run(args.steps, args.eval_every, opts, seeds, [known[n] for n in names], args.lr,
+              frozenset((r["optimizer"], r["run"], r["seed"]) for r in wanted))
+    results = sorted(wanted + new, key=lambda r: order[r["optimizer"], r["run"], r["seed"]])
+    others = [r for r in kept if (r["optimizer"], r["run"], r["seed"]) not in order]  # saved, not asked for now
+    (out / "convergence.json").write_text(json.dumps(  # the file keeps every run; the table and plot show these
+        {"settings": {"steps": args.steps, "eval_every": args.eval_every, "lr": args.lr}, "results": results + others}))
     command = f"python -m trirace.bench.convergence --steps {args.steps} --eval-every {args.eval_every} " \
               f"--optimizers {','.join(opts)} --seeds {','.join(map(str, seeds))} --runs {','.join(names)} " \
               + (f"--lr {args.lr:g} " if args.lr is not None else "") + f"--out {args.out}" \
