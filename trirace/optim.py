@@ -140,7 +140,8 @@ def clip_factor(norm: float, max_norm: float | None) -> float:
 # is the better correction for the Adam family and Muon, whose normalised updates are
 # smooth enough to extrapolate, and worse for plain SGD (160 steps, 3 seeds: 2bw +1.9%,
 # predict +3.5%), whose raw steps overshoot when doubled. Lowering AdamW's beta1 helped
-# 2bw most (seed 0: 6.35 with 0.5 against 6.90; 1f1b 5.82), not enough. The default stays "none"; for 2bw, use muon with "predict".
+# 2bw most (seed 0: 6.35 with 0.5 against 6.90; 1f1b 5.82), not enough. The default
+# stays "none"; for 2bw, use muon with "predict".
 DC_LAMBDA = 2.0
 
 

@@ -64,6 +64,11 @@ def run(steps: int, eval_every: int, optimizers: list[str], seeds: list[int],
     return [{"optimizer": o, "run": n, "seed": seed, "rows": rows} for (o, n, seed), rows in zip(names, results)]
 
 
+def _key(result: dict) -> tuple[str, str, int]:
+    """(optimizer, run, seed): what names one run among a file's results."""
+    return result["optimizer"], result["run"], result["seed"]
+
+
 def previous(path: Path, steps: int, eval_every: int, lr: float | None) -> list[dict]:
     """The results a --resume keeps from an earlier convergence.json: only runs of the same
     length, evaluation interval and learning rate (a mismatch is an error, not a merge)."""
@@ -191,11 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"convergence: error: {e}", file=sys.stderr)
         return 2
     order = {(o, n, s): i for i, (s, o, n) in enumerate(itertools.product(seeds, opts, names))}
-    wanted = [r for r in kept if (r["optimizer"], r["run"], r["seed"]) in order]
+    wanted = [r for r in kept if _key(r) in order]
     new = run(args.steps, args.eval_every, opts, seeds, [known[n] for n in names], args.lr,
-              frozenset((r["optimizer"], r["run"], r["seed"]) for r in wanted))
-    results = sorted(wanted + new, key=lambda r: order[r["optimizer"], r["run"], r["seed"]])
-    others = [r for r in kept if (r["optimizer"], r["run"], r["seed"]) not in order]  # saved, not asked for now
+              frozenset(map(_key, wanted)))
+    results = sorted(wanted + new, key=lambda r: order[_key(r)])
+    others = [r for r in kept if _key(r) not in order]  # saved, not asked for now
     (out / "convergence.json").write_text(json.dumps(  # the file keeps every run; the table and plot show these
         {"settings": {"steps": args.steps, "eval_every": args.eval_every, "lr": args.lr}, "results": results + others}))
     command = f"python -m trirace.bench.convergence --steps {args.steps} --eval-every {args.eval_every} " \

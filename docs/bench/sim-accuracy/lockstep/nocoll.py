@@ -1,3 +1,6 @@
+"""Re-predict the saved matrix with each P2P copy weighted 1 on the links it crosses: the
+fold without co-located replicas colliding (an experiment; copies can then exceed a link).
+Runs var.py's loop with no noise."""
 import sys; sys.path.insert(0, ".")
 from trirace.sim import fabric as F
 fab_orig = F.Fabric.__post_init__
