@@ -118,8 +118,8 @@ def test_ring_allreduce_time_is_the_alpha_beta_formula(n):
     sim = Simulation(build_schedule("1f1b", 1, 1, 1), fab, [work], 0)
     sim.run()
     expected = 2 * (n - 1) * alpha + 2 * (n - 1) / n * S / B
-    assert sim.stats[(0, 0)].end == pytest.approx(expected, rel=1e-9)
-    assert sim.stats[(0, 0)].exposed["allreduce"] == pytest.approx(expected, rel=1e-9)
+    assert sim.stats[(0, 0, 0)].end == pytest.approx(expected, rel=1e-9)
+    assert sim.stats[(0, 0, 0)].exposed["allreduce"] == pytest.approx(expected, rel=1e-9)
 
 
 def _critical_path(sched, fwd: list[float], bwd: list[float], opt: list[float]) -> float:

@@ -1,10 +1,12 @@
 """What the simulator models beyond links and layers: a host whose cores several ranks
-share (measured throughput, the CPU cost of transfers), tied embeddings across stages,
+share (measured throughput, the CPU cost of transfers, the spread that lets replicas
+drift apart, simulated unfolded), tied embeddings across stages,
 NCCL's measured collective bandwidth in the presets, autotune's choice, the sweep over
 chunk sizes and the planner's explanation. Analytic cases where there is an answer."""
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import shutil
@@ -18,10 +20,11 @@ from trirace.config import make_config
 from trirace.errors import UsageError
 from trirace.plan import Layout, build_schedule
 from trirace.plan.topology import Link, Topology
-from trirace.runtime.calibrate import cpu_throughput, probe_pair
+from trirace.runtime.calibrate import cpu_contention, probe_pair
 from trirace.sim import report
 from trirace.sim.calibration import Calibration, load_calibration
 from trirace.sim.cluster import PRESET_FILE, PRESETS, load_cluster
+from trirace.sim.compute import ComputeNoise
 from trirace.sim.executor import Simulation, StageWork
 from trirace.sim.fabric import Fabric
 from trirace.sim.host import HostCpu
@@ -68,7 +71,7 @@ def test_a_transfer_costs_the_shared_cores_and_ends_with_its_cpu_work():
                          lambda c, fab=fab: ring(("ring", 0), 2, c.nbytes, 0.0), lambda c: False)
         sim = Simulation(build_schedule("1f1b", 1, 1, 1), fab, [work], 0)
         sim.run()
-        times[name] = sim.stats[(0, 0)].end
+        times[name] = sim.stats[(0, 0, 0)].end
     assert times == {"costly": pytest.approx(5.0), "free": pytest.approx(2.0)}
 
 
@@ -82,6 +85,10 @@ def test_calibration_without_host_figures_still_loads_and_bad_ones_are_refused(t
     data["cpu_throughput"] = [1.0, -2.0]
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(UsageError, match="cpu_throughput must be positive"):
+        load_calibration(tmp_path / "bad.json")
+    data["cpu_throughput"], data["compute_spread"] = [1.0, 1.8], [0.1, -0.1]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="compute_spread non-negative"):
         load_calibration(tmp_path / "bad.json")
 
 
@@ -101,14 +108,93 @@ def test_measured_host_figures_slow_the_simulated_testbed():
 
 def test_profile_measures_what_ranks_sharing_cores_cost_each_other():
     cfg = make_config({"model": "gpt-test", "pp": 1, "dp": 2, "data": "synthetic"})
-    curve = cpu_throughput(cfg, 2, 1, seconds=0.4)
+    got = cpu_contention(cfg, 2, 1, seconds=0.4)
+    curve = got.throughput
     # Only what load on the machine cannot move: real processes measured something, and
     # k of them never get more than k times one's best (nor two cores more than ~2x).
     assert len(curve) == 2 and 0 < curve[0] <= 1.0  # one alone: its mean against its best
     assert 0 < curve[1] <= 2.2
+    assert len(got.spread) == 2 and all(0 <= cv < 1 for cv in got.spread)
     got = probe_pair(False)  # a real gloo pair on loopback
     assert got["cpu_per_message_s"] >= 0 and got["cpu_per_byte_s"] >= 0
     assert got["cpu_per_message_s"] < 0.05 and got["cpu_per_byte_s"] < 1e-6
+
+
+# ------------------------------------------------------------------ replicas unfolded
+
+_SPREAD = Calibration("gpt-test", 2, 64, 1, [0.002, 0.01, 0.01, 0.01, 0.01, 0.0005, 0.004],
+                      [0.004, 0.02, 0.02, 0.02, 0.02, 0.001, 0.008], 1e-9, "testbed",
+                      cpu_throughput=[0.95, 1.8, 1.75, 1.7], compute_spread=[0.02, 0.1, 0.1, 0.08],
+                      transfer_cpu={"inter": {"per_message_s": 2e-4, "per_byte_s": 1e-9}})
+
+
+@pytest.mark.parametrize("where,layout,tie,policy", [
+    ("testbed", (2, 2), False, "fifo"), ("testbed", (2, 2), True, "trirace"), ("testbed", (1, 4), False, "blocking"),
+    ("h100-100gbe", (2, 4), True, "priority"), ("testbed-2x2", (1, 4), False, "trirace")])
+def test_unfolded_replicas_without_noise_predict_exactly_what_the_fold_does(where, layout, tie, policy):
+    # With every computation at its mean the replicas stay in lockstep, which is what the
+    # fold assumes: simulating each must give the same times (hierarchical, sparse and tied
+    # reductions included).
+    pp, dp = layout
+    cfg = make_config({"model": "gpt-test", "pp": pp, "dp": dp, "micro_batch_size": 2, "seq_len": 64, "steps": 6,
+                       "data": "synthetic", "tie_embeddings": tie})
+    if where == "testbed-2x2":
+        cluster = load_cluster("testbed", nodes=2, ranks_per_node=2, link="50mbit")
+    else:
+        cluster = load_cluster(where, nodes=pp * dp if where == "testbed" else None, link="100mbit")
+    folded = simulate(cfg, cluster, policy, unfold=False)
+    unfolded = simulate(cfg, cluster, policy, unfold=True)
+    assert (folded.simulated_ranks, unfolded.simulated_ranks) == (pp, pp * dp)
+    assert unfolded.step_times_s == pytest.approx(folded.step_times_s, rel=1e-9, abs=1e-12)
+    for kind, s in folded.exposed_comm_s.items():
+        assert unfolded.exposed_comm_s[kind] == pytest.approx(s, rel=1e-9, abs=1e-12)
+
+
+def test_a_collective_moves_when_its_last_member_issues_it_and_members_must_agree_on_the_order():
+    topo = Topology(2, 1, Link(8e9, 0.0), Link(8e8, 0.0))
+    work = StageWork(0.0, [0.0], [(0, 1)], 0.0, [1], make_policy("fifo"), lambda c: [], lambda c: False)
+    sim = Simulation(build_schedule("1f1b", 1, 1, 1), Fabric(Layout(1, 2), topo, unfold=True), [work], 0)
+    done = []
+    group = sim.groups[0]
+    group.submit(0, "chunk0", [], lambda: done.append(0))
+    sim.at(1.0, lambda: group.submit(1, "chunk0", [], lambda: done.append(1)))
+    sim.at(0.5, lambda: done.append("half"))
+    while sim.events:  # the clock alone, without the ranks' schedules
+        sim.now, _, fn = heapq.heappop(sim.events)
+        fn()
+    assert done == ["half", 0, 1]  # nothing moved before the second member issued it
+    group.submit(0, "chunk1", [], lambda: None)
+    with pytest.raises(RuntimeError, match="disagree on the order"):
+        group.submit(1, "chunk2", [], lambda: None)
+
+
+def test_measured_spread_unfolds_a_small_job_and_its_prediction_is_repeatable():
+    cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 2, "micro_batch_size": 2, "seq_len": 64, "steps": 6,
+                       "data": "synthetic"})
+    cluster = load_cluster("testbed", link="100mbit")
+    first, again = simulate(cfg, cluster, "fifo", _SPREAD), simulate(cfg, cluster, "fifo", _SPREAD)
+    assert first.simulated_ranks == 4 and first.step_times_s == again.step_times_s
+    other = simulate(cfg.model_copy(update={"seed": 1}), cluster, "fifo", _SPREAD)
+    assert other.step_times_s != first.step_times_s  # the seed draws other durations
+    folded = simulate(cfg, cluster, "fifo", _SPREAD, unfold=False)  # no noise where folded: lockstep
+    assert folded.simulated_ranks == 2 and folded.step_times_s != first.step_times_s
+    big = cfg.model_copy(update={"dp": 40})  # 80 ranks: past what is unfolded
+    assert simulate(big, load_cluster("testbed", nodes=80, link="1gbit"), "fifo", _SPREAD).simulated_ranks == 2
+
+
+def test_compute_noise_has_the_mean_time_and_varies_more_for_shorter_work():
+    noise = ComputeNoise(spread=0.1, iteration_s=1.0, seed=3)
+    for seconds, cv in ((1.0, 0.1), (0.25, 0.2), (1e-4, 1.0)):  # cv = spread * sqrt(iteration / seconds), <= 1
+        draw = noise.sampler(rank=5)
+        got = [draw(seconds) for _ in range(20000)]
+        mean = sum(got) / len(got)
+        sd = (sum((x - mean) ** 2 for x in got) / len(got)) ** 0.5
+        assert mean == pytest.approx(seconds, rel=0.03) and sd / mean == pytest.approx(cv, rel=0.1)
+    a, b = noise.sampler(rank=0), noise.sampler(rank=0)
+    assert [a(0.5) for _ in range(5)] == [b(0.5) for _ in range(5)]  # seeded per rank
+    assert noise.sampler(rank=0, draw=1)(0.5) != noise.sampler(rank=0)(0.5)
+    assert ComputeNoise.of(None, 4, 0) is None and ComputeNoise.of(_HOST, 4, 0) is None  # nothing measured
+    assert ComputeNoise.of(_SPREAD, 9, 0).spread == 0.08  # past the measured ranks: the last
 
 
 # ------------------------------------------------------------------ tied embeddings
@@ -215,11 +301,13 @@ _HOST = Calibration("gpt-test", 2, 64, 1, [0.002, 0.01, 0.01, 0.01, 0.01, 0.0005
                     cpu_throughput=[0.95, 1.8, 1.75, 1.7, 1.7, 1.65, 1.6, 1.6],
                     transfer_cpu={"inter": {"per_message_s": 2e-4, "per_byte_s": 1e-9},
                                   "intra": {"per_message_s": 1e-4, "per_byte_s": 4e-10}})
+_SPREAD_8 = Calibration(**{**_HOST.__dict__, "compute_spread": [0.02] + [0.1] * 7})
 
 
 @settings(max_examples=30, deadline=None)
 @given(layout=st.sampled_from([(1, 4), (2, 2), (4, 1), (2, 4), (4, 2)]),
-       where=st.sampled_from(["testbed", "testbed-calibrated", "a100-25gbe", "h100-100gbe", "h100-ib"]),
+       where=st.sampled_from(["testbed", "testbed-calibrated", "testbed-spread", "a100-25gbe", "h100-100gbe",
+                              "h100-ib"]),
        rate=st.sampled_from(["50mbit", "250mbit", "1gbit", None]),
        policy=st.sampled_from(["blocking", "fifo", "priority", "trirace"]),
        tie=st.booleans(), m=st.sampled_from([4, 6]))
@@ -227,10 +315,11 @@ def test_no_simulated_run_beats_the_lower_bound(layout, where, rate, policy, tie
     pp, dp = layout
     cfg = make_config({"model": "gpt-test", "pp": pp, "dp": dp, "micro_batches": m, "micro_batch_size": 2,
                        "seq_len": 64, "steps": 7, "data": "synthetic", "tie_embeddings": tie})
-    preset = where.removesuffix("-calibrated")
+    preset = where.removesuffix("-calibrated").removesuffix("-spread")
     nodes = {"testbed": pp * dp}.get(preset)
     cluster = load_cluster(preset, nodes=nodes, ranks_per_node=1 if preset == "testbed" else 4, link=rate)
-    r = simulate(cfg, cluster, policy, _HOST if where.endswith("calibrated") else None)
+    cal = {"testbed-calibrated": _HOST, "testbed-spread": _SPREAD_8}.get(where)
+    r = simulate(cfg, cluster, policy, cal)
     assert r.iteration_time_s >= r.lower_bound_s * (1 - 1e-9), (r.iteration_time_s, r.bound_parts)
     assert 0 < r.overlap_efficiency <= 1 + 1e-9
 

@@ -374,7 +374,8 @@ def _profile(args: argparse.Namespace) -> int:
         costs = "; ".join(f"{k} {v['per_message_s'] * 1e6:.0f} us/message + {v['per_byte_s'] * 1e9:.2f} ns/byte"
                           for k, v in cal.transfer_cpu.items())
         shared = (f"; shared cores do {' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} x one rank's work with "
-                  f"1..{len(cal.cpu_throughput)} ranks computing; transfer CPU {costs}")
+                  f"1..{len(cal.cpu_throughput)} ranks computing, an iteration's time varying by "
+                  f"{' '.join(f'{x:.0%}' for x in cal.compute_spread)}; transfer CPU {costs}")
     if cal.send_buffer:
         shared += "; a blocking send returns with " + ", ".join(f"{v / 2**20:.2f} MiB still to cross {k}"
                                                                 for k, v in cal.send_buffer.items())

@@ -18,10 +18,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -206,18 +208,28 @@ while not times or time.time() < start + seconds:  # at least one step, however 
     t0 = time.perf_counter()
     step()
     times.append(time.perf_counter() - t0)
-json.dump({"mean": sum(times) / len(times), "best": min(times)}, open(out, "w"))
+json.dump({"mean": sum(times) / len(times), "best": min(times), "times": times}, open(out, "w"))
 """
 
 
-def cpu_throughput(cfg: TrainConfig, workers: int, threads: int, seconds: float = 3.0,
-                   timeout_s: float = 300) -> list[float]:
-    """[k-1] = work done per second by k processes computing the model at once (each with
-    `threads` threads), for k = 1..workers: the sum over the k of best / mean iteration
-    time, where best is one process's fastest alone. The per-layer times are fastest-of-a-
-    few too, so the curve turns them into what k processes really get done (k=1 included).
-    The window opens once every process is computing (a ready file each, then a go file)."""
-    out = []
+@dataclass(frozen=True)
+class Contention:
+    """What k processes computing the model at once on this host's cores get, k = 1..n."""
+
+    throughput: list[float]  # [k-1]: work per second, in units of one process's fastest alone
+    spread: list[float]  # [k-1]: coefficient of variation of one iteration's time among them
+
+
+def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float = 3.0,
+                   timeout_s: float = 300) -> Contention:
+    """Run k processes computing the model at once (each with `threads` threads), for
+    k = 1..workers. Throughput: the sum over the k of best / mean iteration time, where best
+    is one process's fastest alone. The per-layer times are fastest-of-a-few too, so the
+    curve turns them into what k processes really get done (k=1 included). Spread: how much
+    an iteration's time varies, over all k processes' iterations (the OS hands the cores
+    out unevenly; the simulator draws compute times with it). The window opens once every
+    process is computing (a ready file each, then a go file)."""
+    out, spread = [], []
     with tempfile.TemporaryDirectory(prefix="trirace-contend-") as tmp:
         job = Path(tmp) / "cfg.json"
         job.write_text(json.dumps(cfg.model_dump(mode="json")))
@@ -240,7 +252,9 @@ def cpu_throughput(cfg: TrainConfig, workers: int, threads: int, seconds: float 
             if k == 1:
                 best = got[0]["best"]
             out.append(sum(best / g["mean"] for g in got))
-    return out
+            times = [t for g in got for t in g["times"]]
+            spread.append(statistics.pstdev(times) / statistics.fmean(times))
+    return Contention(out, spread)
 
 
 def probe_pair(across_nodes: bool, link: str | None = None, mtu: int = 9000, timeout_s: float = 120) -> dict:
@@ -278,12 +292,12 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         probes["inter"] = probe_pair(True, link, mtu)
     links = {k: {"bits_per_s": v["bits_per_s"], "latency_s": v["latency_s"]} for k, v in probes.items()}
     shared = PRESETS[cluster].shared_cores if cluster in PRESETS else None
-    throughput, cost = [], {}
+    contention, cost = Contention([], []), {}
     if shared:  # every rank on this host's cores: what they cost each other
-        throughput = cpu_throughput(cfg, cfg.world_size, threads)
+        contention = cpu_contention(cfg, cfg.world_size, threads)
         cost = {k: {"per_message_s": v["cpu_per_message_s"], "per_byte_s": v["cpu_per_byte_s"]}
                 for k, v in probes.items()}
     return Calibration(cfg.model, cfg.micro_batch_size, cfg.tokens_seq, threads, fwd, bwd, per_param, cluster,
                        links, {str(cfg.tokens_per_replica_step): rows_touched(cfg)}, host=socket.gethostname(),
-                       cpu_throughput=throughput, transfer_cpu=cost,
+                       cpu_throughput=contention.throughput, compute_spread=contention.spread, transfer_cpu=cost,
                        send_buffer={k: v["send_buffer_bytes"] for k, v in probes.items() if "send_buffer_bytes" in v})

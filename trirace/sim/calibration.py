@@ -13,6 +13,8 @@ JSON, so it can be read, diffed and edited:
   cpu_throughput                     where ranks share the host's cores: [k-1] = work-seconds
                                      done per second by k workers computing at once, in
                                      units of one worker alone (ideal: min(k, cores))
+  compute_spread                     beside it: [k-1] = coefficient of variation of one
+                                     iteration's time among those k workers
   transfer_cpu                       {"intra"|"inter": {"per_message_s", "per_byte_s"}}: CPU
                                      seconds a transfer costs both ends together (gloo's
                                      threads and the kernel's network stack)
@@ -52,6 +54,7 @@ class Calibration:
     links: dict[str, dict[str, float]] = field(default_factory=dict)
     rows_touched: dict[str, float] = field(default_factory=dict)  # str(tokens per replica step) -> rows touched
     cpu_throughput: list[float] = field(default_factory=list)  # empty: the ideal min(k, cores)
+    compute_spread: list[float] = field(default_factory=list)  # [k-1]: CV of an iteration's time; empty: none
     transfer_cpu: dict[str, dict[str, float]] = field(default_factory=dict)
     send_buffer: dict[str, float] = field(default_factory=dict)  # empty: a send returns on delivery
     host: str = ""
@@ -97,7 +100,7 @@ def load_calibration(path: str | Path) -> Calibration:
                          "non-negative")
     costs = [v for per in cal.transfer_cpu.values() for v in per.values()] + list(cal.send_buffer.values())
     if not all(math.isfinite(x) and x > 0 for x in cal.cpu_throughput) or \
-            not all(math.isfinite(x) and x >= 0 for x in costs):
-        raise UsageError(f"calibration file {p}: cpu_throughput must be positive, transfer_cpu and "
-                         "send_buffer non-negative")
+            not all(math.isfinite(x) and x >= 0 for x in costs + cal.compute_spread):
+        raise UsageError(f"calibration file {p}: cpu_throughput must be positive, transfer_cpu, "
+                         "send_buffer and compute_spread non-negative")
     return cal

@@ -12,6 +12,9 @@ two moments and the published copy, about 36 bytes per parameter (SGD 16).
 
 from __future__ import annotations
 
+import math
+import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..models import ModelSpec, layer_names
@@ -59,3 +62,40 @@ class ComputeModel:
         names = layer_names(spec)
         return replace(self, backward_s=tuple(b + f if n.startswith("block") else b
                                               for n, f, b in zip(names, self.forward_s, self.backward_s)))
+
+
+@dataclass(frozen=True)
+class ComputeNoise:
+    """How much one computation's time varies on cores that ranks share: the OS hands them
+    out unevenly, so replicas that start together drift apart (the lockstep fold cannot
+    show this; sim/fabric.py). `trirace profile` measures the coefficient of variation of
+    one iteration (the whole model, one micro-batch) among the host's ranks computing at
+    once. A shorter computation varies more: taking the cores' uneven shares as
+    independent over time, its CV is spread * sqrt(iteration / duration), at most 1."""
+
+    spread: float
+    iteration_s: float
+    seed: int = 0
+
+    @classmethod
+    def of(cls, calibration: Calibration | None, ranks: int, seed: int) -> "ComputeNoise | None":
+        """From the calibration's spread at `ranks` computing at once (the last measured past
+        it); None where it measured none."""
+        if calibration is None or not calibration.compute_spread:
+            return None
+        spread = calibration.compute_spread[min(ranks, len(calibration.compute_spread)) - 1]
+        iteration = sum(calibration.forward_s) + sum(calibration.backward_s)
+        return cls(spread, iteration, seed) if spread > 0 and iteration > 0 else None
+
+    def sampler(self, rank: int, draw: int = 0) -> Callable[[float], float]:
+        """A rank's durations: `seconds` -> seconds taken, lognormal with mean `seconds`, from
+        a stream of its own per simulated run (`draw`), seeded: a prediction is repeatable."""
+        rng = random.Random(f"{self.seed}:{draw}:{rank}")
+
+        def draw(seconds: float) -> float:
+            if seconds <= 0:
+                return seconds
+            cv = min(self.spread * math.sqrt(self.iteration_s / seconds), 1.0)
+            sigma2 = math.log1p(cv * cv)
+            return seconds * rng.lognormvariate(-sigma2 / 2, math.sqrt(sigma2))
+        return draw

@@ -33,6 +33,7 @@ from ..obs.timeline import Recorder
 from ..plan import Action, Op, Schedule
 from ..plan.schedule import p2p_groups, peer_stage, transfer_ends
 from ..plan.transfers import Chunk, Kind
+from .compute import ComputeNoise
 from .fabric import Fabric, FlowClass
 
 
@@ -70,41 +71,56 @@ class StepStats:
 
 
 class _Group:
-    """A data-parallel group's collective queue: gloo runs `streams` collectives at once."""
+    """A data-parallel group's collectives. Each simulated member issues its own; the k-th
+    of every member is one collective (NCCL's rule: all members issue in one order), which
+    moves once the last member has issued it. gloo runs `streams` collectives at once."""
 
-    def __init__(self, sim: "Simulation", streams: int):
-        self.sim, self.streams = sim, streams
+    def __init__(self, sim: "Simulation", streams: int, members: int):
+        self.sim, self.streams, self.members = sim, streams, members
+        self.issued = [0] * members
+        self.joining: dict[int, tuple[str, list[Phase], list[Callable[[], None]]]] = {}
         self.queue: deque = deque()
         self.running = 0
 
-    def submit(self, phases: list[Phase], done: Callable[[], None]) -> None:
-        self.queue.append((phases, done))
-        self._next()
+    def submit(self, member: int, name: str, phases: list[Phase], done: Callable[[], None]) -> None:
+        k = self.issued[member]
+        self.issued[member] += 1
+        first, _, dones = self.joining.setdefault(k, (name, phases, []))
+        if first != name:
+            raise RuntimeError(f"collective {k} issued as {first} and as {name}: members disagree on the order")
+        dones.append(done)
+        if len(dones) == self.members:
+            del self.joining[k]
+            self.queue.append((phases, dones))
+            self._next()
 
     def _next(self) -> None:
         while self.queue and self.running < self.streams:
-            phases, done = self.queue.popleft()
+            phases, dones = self.queue.popleft()
             self.running += 1
 
-            def finished(done=done):
+            def finished(dones=dones):
                 self.running -= 1
-                done()
+                for done in dones:
+                    done()
                 self._next()
             self.sim.transfer(phases, finished)
 
 
 class _Rank:
-    def __init__(self, sim: "Simulation", stage: int):
-        self.sim, self.stage = sim, stage
-        self.rank = sim.fabric.layout.rank(stage, 0)
+    def __init__(self, sim: "Simulation", stage: int, replica: int):
+        self.sim, self.stage, self.replica = sim, stage, replica
+        self.rank = sim.fabric.layout.rank(stage, replica)
         self.work = sim.stages[stage]
+        self.compute_cls = sim.fabric.compute_cls(stage, replica)
+        self.duration = sim.duration(self.rank)
         self.groups = p2p_groups(sim.schedule.actions[stage])
         self.pc = 0
         self.policy = self.work.policy
         topo, layout = sim.fabric.topo, sim.fabric.layout
         link = topo.group_link(layout.dp_group(stage))
         self.has_dp = layout.dp > 1
-        p2p_links = {op: sim.link_of(stage, peer_stage(stage, op)) for op in (Op.SF, Op.RB, Op.RF, Op.SB)
+        p2p_links = {op: sim.link_of(stage, peer_stage(stage, op), replica) for op in (Op.SF, Op.RB, Op.RF, Op.SB)
                      if 0 <= peer_stage(stage, op) < sim.schedule.n_stages}
         self.driver = StageDriver(self.policy, self.work.numels, link, sim.schedule.actions[stage],
                                   reduces=self.has_dp, sparse_param=self.work.sparse_param,
@@ -112,7 +128,7 @@ class _Rank:
                                   link_bytes_per_s=topo.rates(),
                                   group_size=layout.dp, elem_size=self.work.grad_elem_size)
         self.wake: float | None = None  # a kick already scheduled for the driver's wake time
-        self.group = _Group(sim, sim.collective_streams)
+        self.group = sim.groups[stage]
         self.launcher_busy = False
         self.launch_queue: deque[Chunk] = deque()
         self.waiting: Callable[[], bool] | None = None  # the condition the engine is blocked on
@@ -147,19 +163,22 @@ class _Rank:
 
     def _update(self, a: Action) -> None:
         sim = self.sim
-        if not sim.ties(self.stage) or a.index in sim.tie_done:
+        if not sim.ties(self.stage) or (self.replica, a.index) in sim.tie_done:
             self._compute(a, self.work.optimizer_s)
             return
         t0 = sim.now
 
         def tied() -> bool:
-            if a.index not in sim.tie_done:
+            if (self.replica, a.index) not in sim.tie_done:
                 return False
-            sim.step_stats(self.stage, a.index).exposed["allreduce"] += sim.now - t0
+            self.stats(a.index).exposed["allreduce"] += sim.now - t0
             self.waiting = None
             self._compute(a, self.work.optimizer_s)
             return self.waiting is None  # done at once (a zero-second update)
         self._block(tied)
+
+    def stats(self, step: int) -> StepStats:
+        return self.sim.stats.setdefault((self.stage, self.replica, step), StepStats())
 
     def _block(self, until: Callable[[], bool]) -> None:
         self.waiting, self.wait_since = until, self.sim.now
@@ -179,11 +198,11 @@ class _Rank:
             box["done"] = True
             self.rec.span("compute", str(a), t0, self.sim.now)
             if a.op is Op.OPT:
-                self.sim.step_stats(self.stage, a.index).end = self.sim.now
+                self.stats(a.index).end = self.sim.now
             if then:
                 then()
             self.resume()
-        self.sim.run_compute(self.stage, seconds, done)
+        self.sim.run_compute(self.compute_cls, self.duration(seconds), done)
         self._block(lambda: box["done"])
 
     def _backward(self, a: Action) -> None:
@@ -209,7 +228,7 @@ class _Rank:
                 self.rec.span("compute", str(a), t0, self.sim.now)
                 self.resume()
                 return
-            self.sim.run_compute(self.stage, layers[i][0], lambda: layer(i + 1))
+            self.sim.run_compute(self.compute_cls, self.duration(layers[i][0]), lambda: layer(i + 1))
         self._block(lambda: box["done"])
         layer(0)
 
@@ -217,7 +236,7 @@ class _Rank:
 
     def _post_recvs(self, group: list[Action] | None = None) -> None:
         for a in self.driver.recvs_to_post(group):
-            self.sim.p2p_posted(self.stage, a)
+            self.sim.p2p_posted(self, a)
 
     def _exchange(self, group: list[Action]) -> None:
         sim = self.sim
@@ -225,9 +244,9 @@ class _Rank:
         sends = [a for a in group if a.op in (Op.SF, Op.SB)]
         if self.policy.blocking:
             self._post_recvs(group)
-        msgs = [sim.p2p_send(self.stage, a) for a in sends]
+        msgs = [sim.p2p_send(self, a) for a in sends]
         # (stage waiting on a receive is not a busy link: the upstream may still compute)
-        waits = [(a, sim.message_for_recv(self.stage, a)) for a in recvs]
+        waits = [(a, sim.message_for_recv(self, a)) for a in recvs]
         already = {a for a, m in waits if m.delivered}
         t0 = sim.now
         step = sim.schedule.step_of_action(group[0])
@@ -238,11 +257,11 @@ class _Rank:
             if self.policy.blocking and not all(m.released for m in msgs):
                 return False
             for a, m in waits:
-                self.driver.p2p_arrived(a, sim.link_of(self.stage, m.src), sim.activation_bytes, sim.now,
+                self.driver.p2p_arrived(a, sim.link_of(self.stage, m.src, self.replica), sim.activation_bytes, sim.now,
                                         waited=a not in already)
                 self.driver.received(a)
                 self.rec.span("p2p recv", str(a), max(m.posted_at, t0), sim.now, waited_s=sim.now - t0)
-            sim.step_stats(self.stage, step).exposed["p2p"] += sim.now - t0
+            self.stats(step).exposed["p2p"] += sim.now - t0
             if not self.policy.blocking:
                 self._post_recvs()
                 self.kick()
@@ -274,7 +293,7 @@ class _Rank:
             self.rec.span("sparse" if c.kind is Kind.SPARSE else "allreduce", c.name, t0, self.sim.now, bytes=c.nbytes)
             self.driver.chunk_done(c, self.sim.now)
             then()
-        self.group.submit(self.work.collective(c), done)
+        self.group.submit(self.replica, c.name, self.work.collective(c), done)
 
     def _launch(self, c: Chunk) -> None:
         inline = self.work.inline(c)
@@ -290,7 +309,7 @@ class _Rank:
 
     def _reduce(self, step: int) -> None:
         if not self.has_dp:
-            self.sim.tie_arrive(self.stage, step)
+            self.sim.tie_arrive(self, step)
             return
         sim = self.sim
         t0 = sim.now
@@ -310,8 +329,8 @@ class _Rank:
             if not self.driver.reduced(step):
                 return False
             _, kind = self.driver.close_step(step)
-            sim.step_stats(self.stage, step).exposed[kind.value] += sim.now - t0
-            sim.tie_arrive(self.stage, step)
+            self.stats(step).exposed[kind.value] += sim.now - t0
+            sim.tie_arrive(self, step)
             return True
         if self.policy.blocking:
             self._block(complete)
@@ -333,15 +352,17 @@ class Message:
 class Simulation:
     def __init__(self, schedule: Schedule, fabric: Fabric, stages: list[StageWork], activation_bytes: float,
                  collective_streams: int = 1, record: bool = False, tie_bytes: float = 0.0,
-                 send_buffer: dict[str, float] | None = None):
+                 send_buffer: dict[str, float] | None = None, noise: ComputeNoise | None = None,
+                 draw: int = 0):
         self.schedule, self.fabric, self.stages = schedule, fabric, stages
+        self.noise, self.draw = noise, draw  # noise None: every computation takes its mean time
         self.activation_bytes = activation_bytes
         self.tie_bytes = tie_bytes  # the tied table/head gradient (fabric.tied)
         # By link class: bytes a send may still have to move when it returns (the kernel's
         # socket buffer and the queue before the link take them; measured by trirace profile).
         self.send_buffer = send_buffer or {}
-        self.tie_arrived: dict[int, int] = {}
-        self.tie_done: set[int] = set()
+        self.tie_arrived: dict[tuple[int, int], int] = {}  # (replica, step) -> ends that issued it
+        self.tie_done: set[tuple[int, int]] = set()
         self.collective_streams = collective_streams
         self.record = record
         self.now = 0.0
@@ -351,9 +372,12 @@ class Simulation:
         self.flow_ids = itertools.count()
         self.net_version = 0
         self.messages: dict[tuple, Message] = {}
-        self.stats: dict[tuple[int, int], StepStats] = {}
+        self.stats: dict[tuple[int, int, int], StepStats] = {}  # (stage, replica, step)
         self.events_run = 0
-        self.ranks = [_Rank(self, s) for s in range(schedule.n_stages)]
+        replicas = fabric.replicas
+        self.groups = [_Group(self, collective_streams, replicas) for _ in range(schedule.n_stages)]
+        self.ranks = [_Rank(self, s, r) for s in range(schedule.n_stages) for r in range(replicas)]
+        self.rank_at = {(r.stage, r.replica): r for r in self.ranks}
 
     # ------------------------------------------------------------ clock
 
@@ -375,8 +399,9 @@ class Simulation:
             desc = "; ".join(f"stage {r.stage} at {' '.join(map(str, r.groups[r.pc]))}" for r in stuck)
             raise RuntimeError(f"simulated run deadlocked: {desc}")
 
-    def step_stats(self, stage: int, step: int) -> StepStats:
-        return self.stats.setdefault((stage, step), StepStats())
+    def duration(self, rank: int) -> Callable[[float], float]:
+        """How long a computation of a mean `seconds` takes on `rank`."""
+        return (lambda seconds: seconds) if self.noise is None else self.noise.sampler(rank, self.draw)
 
     # ------------------------------------------------------------ flows
 
@@ -402,11 +427,11 @@ class Simulation:
         for cb in callbacks:
             cb()
 
-    def run_compute(self, stage: int, seconds: float, done: Callable[[], None]) -> None:
+    def run_compute(self, cls: FlowClass, seconds: float, done: Callable[[], None]) -> None:
         if seconds <= 0:
             self.at(self.now, done)
             return
-        self._flow(seconds, self.fabric.uses[("compute", stage)], done)
+        self._flow(seconds, self.fabric.uses[cls], done)
 
     def transfer(self, phases: list[Phase], done: Callable[[], None]) -> None:
         """Run `phases` one after the other, then call `done`."""
@@ -443,53 +468,54 @@ class Simulation:
     def ties(self, stage: int) -> bool:
         return self.fabric.tied and stage in (0, self.schedule.n_stages - 1)
 
-    def tie_arrive(self, stage: int, step: int) -> None:
+    def tie_arrive(self, end: _Rank, step: int) -> None:
         """A pipeline end finished step `step`'s reduction: it issues the tied weight's
-        all-reduce (runtime/reduction.py), which moves once both ends have."""
-        if not self.ties(stage):
+        all-reduce with the other end of its replica (runtime/reduction.py), which moves
+        once both ends have."""
+        if not self.ties(end.stage):
             return
-        self.tie_arrived[step] = self.tie_arrived.get(step, 0) + 1
-        if self.tie_arrived.pop(step) < 2:
-            self.tie_arrived[step] = 1
+        key = (end.replica, step)
+        if self.tie_arrived.pop(key, 0) < 1:
+            self.tie_arrived[key] = 1
             return
-        half = Phase(("tie",), self.tie_bytes / 2, self.fabric.latency[("tie",)])
+        cls = self.fabric.tie_cls(end.replica)
+        half = Phase(cls, self.tie_bytes / 2, self.fabric.latency[cls])
 
         def done():
-            self.tie_done.add(step)
+            self.tie_done.add(key)
             for s in (0, self.schedule.n_stages - 1):
-                self.ranks[s].resume()
+                self.rank_at[(s, end.replica)].resume()
         self.transfer([half, half], done)
 
     # ------------------------------------------------------------ P2P matching
 
     @staticmethod
-    def _key(stage: int, a: Action) -> tuple:
-        """(direction, sending stage, micro-batch): a send and its receive meet here."""
-        src, dst = transfer_ends(stage, a.op)
-        return ("fwd" if src < dst else "bwd", src, a.index)
+    def _key(end: _Rank, a: Action) -> tuple:
+        """(direction, sending stage, replica, micro-batch): a send and its receive meet here."""
+        src, dst = transfer_ends(end.stage, a.op)
+        return ("fwd" if src < dst else "bwd", src, end.replica, a.index)
 
-    def link_of(self, stage: int, other: int) -> str:
+    def link_of(self, stage: int, other: int, replica: int = 0) -> str:
         L = self.fabric.layout
-        return self.fabric.topo.link_between(L.rank(stage, 0), L.rank(other, 0))
+        return self.fabric.topo.link_between(L.rank(stage, replica), L.rank(other, replica))
 
     def _message(self, key: tuple) -> Message:
         return self.messages.setdefault(key, Message(src=key[1]))
 
-    def message_for_recv(self, stage: int, a: Action) -> Message:
-        return self._message(self._key(stage, a))
+    def message_for_recv(self, end: _Rank, a: Action) -> Message:
+        return self._message(self._key(end, a))
 
-    def p2p_posted(self, stage: int, a: Action) -> None:
-        key = self._key(stage, a)
+    def p2p_posted(self, end: _Rank, a: Action) -> None:
+        key = self._key(end, a)
         msg = self._message(key)
         msg.posted_at = self.now
         self._maybe_move(key, msg)
 
-    def p2p_send(self, stage: int, a: Action) -> Message:
-        key = self._key(stage, a)
+    def p2p_send(self, sender: _Rank, a: Action) -> Message:
+        key = self._key(sender, a)
         msg = self._message(key)
         msg.sent_at = self.now
-        sender = self.ranks[stage]
-        link = self.link_of(stage, peer_stage(stage, a.op))
+        link = self.link_of(sender.stage, peer_stage(sender.stage, a.op), sender.replica)
         sender.driver.p2p_sent(a, link, self.activation_bytes, self.now)
         msg.on_released.append(lambda: sender.driver.p2p_send_done(link))
         self._maybe_move(key, msg)
@@ -498,13 +524,13 @@ class Simulation:
     def _maybe_move(self, key: tuple, msg: Message) -> None:
         if msg.sent_at < 0 or msg.posted_at < 0:
             return
-        direction, src, k = key
+        direction, src, replica, k = key
         dst = src + 1 if direction == "fwd" else src - 1
-        cls = ("p2p", min(src, dst), direction)
+        cls = self.fabric.p2p_cls(min(src, dst), direction, replica)
         t0 = self.now
         lat = self.fabric.latency[cls]
-        sender, receiver = self.ranks[src], self.ranks[dst]
-        buffered = min(self.send_buffer.get(self.link_of(src, dst), 0.0), self.activation_bytes)
+        sender, receiver = self.rank_at[(src, replica)], self.rank_at[(dst, replica)]
+        buffered = min(self.send_buffer.get(self.link_of(src, dst, replica), 0.0), self.activation_bytes)
 
         def released():
             msg.released = True

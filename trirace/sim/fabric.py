@@ -48,6 +48,7 @@ class Fabric:
     topo: Topology
     host: HostCpu | None = None  # all ranks share this host's cores (the testbed)
     tied: bool = False  # first and last stage all-reduce the tied table/head gradient (class ("tie",))
+    unfold: bool = False  # simulate every replica (see the module's docstring), not one per stage
     net: Network = field(default_factory=Network)
     uses: dict[FlowClass, Uses] = field(default_factory=dict)
     latency: dict[FlowClass, float] = field(default_factory=dict)
@@ -80,6 +81,26 @@ class Fabric:
                     folded[("cpu", cls)] = {cpu: float(len(pairs))}  # every copy's CPU work at once
                     self.transfer_cpu[cls] = cost
         self.uses = {cls: tuple(sorted(u.items())) for cls, u in folded.items()}
+
+    @property
+    def replicas(self) -> int:
+        """Simulated ranks per stage."""
+        return self.layout.dp if self.unfold else 1
+
+    # A class names one replica's flows when unfolded, every replica's when folded.
+    def compute_cls(self, stage: int, replica: int) -> FlowClass:
+        return ("compute", stage, replica) if self.unfold else ("compute", stage)
+
+    def p2p_cls(self, lo: int, direction: str, replica: int) -> FlowClass:
+        return ("p2p", lo, direction, replica) if self.unfold else ("p2p", lo, direction)
+
+    def tie_cls(self, replica: int) -> FlowClass:
+        return ("tie", replica) if self.unfold else ("tie",)
+
+    def _replicas(self) -> list[list[int]]:
+        """The replica indices each class stands for: one class each, or one for all."""
+        every = list(range(self.layout.dp))
+        return [[r] for r in every] if self.unfold else [every]
 
     def cpu_seconds(self, cls: FlowClass, nbytes: float, messages: int) -> float:
         """CPU seconds one copy of a `cls` transfer costs the shared cores (0 where none)."""
@@ -117,12 +138,15 @@ class Fabric:
         out: dict[FlowClass, tuple[list[tuple], float]] = {}
         for s in range(L.pp):
             ranks = L.dp_group(s)
-            out[("compute", s)] = ([("device", r) for r in ranks] + ([("cpu",)] * len(ranks) if self.host else []),
-                                   0.0)
-            if s < L.pp - 1:
-                fwd = [(L.rank(s, r), L.rank(s + 1, r)) for r in range(L.dp)]
-                out[("p2p", s, "fwd")] = self._pairs(("p2p", s, "fwd"), fwd)
-                out[("p2p", s, "bwd")] = self._pairs(("p2p", s, "bwd"), [(b, a) for a, b in fwd])
+            for reps in self._replicas():
+                cls = self.compute_cls(s, reps[0])
+                out[cls] = ([("device", L.rank(s, r)) for r in reps] + ([("cpu",)] * len(reps) if self.host else []),
+                            0.0)
+                if s < L.pp - 1:
+                    fwd = [(L.rank(s, r), L.rank(s + 1, r)) for r in reps]
+                    out[self.p2p_cls(s, "fwd", reps[0])] = self._pairs(self.p2p_cls(s, "fwd", reps[0]), fwd)
+                    bwd = [(b, a) for a, b in fwd]
+                    out[self.p2p_cls(s, "bwd", reps[0])] = self._pairs(self.p2p_cls(s, "bwd", reps[0]), bwd)
             if L.dp > 1:
                 out[("ring", s)] = self._pairs(("ring", s), [(ranks[i], ranks[(i + 1) % len(ranks)]) for i in range(len(ranks))])
                 by_node: dict[int, list[int]] = {}
@@ -137,8 +161,10 @@ class Fabric:
                     out[("leaders", s)] = self._pairs(("leaders", s), [(leaders[i], leaders[(i + 1) % len(leaders)])
                                                        for i in range(len(leaders))])
         if self.tied and L.pp > 1:  # a two-member ring per replica: each end sends the other half
-            pairs = [(L.rank(0, r), L.rank(L.pp - 1, r)) for r in range(L.dp)]
-            out[("tie",)] = self._pairs(("tie",), pairs + [(b, a) for a, b in pairs])
+            for reps in self._replicas():
+                pairs = [(L.rank(0, r), L.rank(L.pp - 1, r)) for r in reps]
+                cls = self.tie_cls(reps[0])
+                out[cls] = self._pairs(cls, pairs + [(b, a) for a, b in pairs])
         return out
 
     def local_sizes(self, stage: int) -> tuple[int, int]:

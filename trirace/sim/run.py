@@ -32,11 +32,14 @@ from ..plan.transfers import Chunk, Kind
 from .calibration import Calibration
 from .cluster import Cluster
 from ..plan.memory import stage_memory
-from .compute import ComputeModel
+from .compute import ComputeModel, ComputeNoise
 from .executor import Phase, Simulation, StageWork
 from .fabric import Fabric
 from .host import HostCpu
 
+
+UNFOLD_MAX_RANKS = 64  # past this, one representative per stage (the speed goal: 1024 GPUs in < 60 s)
+NOISE_DRAWS = 3  # simulated runs of a job with compute noise (trirace bench's default rounds)
 
 
 @dataclass
@@ -49,7 +52,7 @@ class SimResult:
     bound_parts: dict[str, float]  # the bound's terms: slowest rank's compute, shared cores, busiest link
     overlap_efficiency: float
     exposed_comm_s: dict[str, float]  # per kind, mean per rank and step
-    step_times_s: list[float]
+    step_times_s: list[float]  # the first simulated run's
     memory_gb: list[float]  # peak per stage
     in_flight: list[int]  # peak micro-batches kept for backward, per stage
     hierarchical: list[bool]
@@ -104,7 +107,10 @@ def chunk_choices(policy: str) -> list[tuple[float | None, float | None]]:
 
 
 def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calibration | None = None,
-             trace_out: Path | None = None) -> SimResult:
+             trace_out: Path | None = None, unfold: bool | None = None) -> SimResult:
+    """Predict `cfg` on `cluster` under `policy`. `unfold`: simulate every replica (True),
+    one per stage (False), or decide (None: every replica where compute noise is measured
+    and the job is small)."""
     if cfg.autotune and policy != "blocking":
         return _autotuned(cfg, cluster, policy, calibration, trace_out)
     wall0 = time.perf_counter()
@@ -118,7 +124,13 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     plan = plan_job(cfg, topo, lambda: [f + b for f, b in zip(compute.forward_s, compute.backward_s)],
                     collective_factor=cluster.collective_factor(INTER))
     sizes, layout = list(plan.partition), plan.layout
-    fabric = Fabric(layout, topo, HostCpu.of(cluster.shared_cores, calibration), plan.tied)
+    # Where ranks share cores and the calibration measured how unevenly, replicas drift
+    # apart: simulate each (sim/fabric.py), while the job is small enough to.
+    noise = ComputeNoise.of(calibration, layout.world_size, cfg.seed) if cluster.shared_cores else None
+    if unfold is None:
+        unfold = noise is not None and layout.world_size <= UNFOLD_MAX_RANKS
+    host = HostCpu.of(cluster.shared_cores, calibration)
+    fabric = Fabric(layout, topo, host, plan.tied, unfold=unfold)
     numels_by_layer = layer_param_numels(spec)
     tokens = cfg.tokens_per_replica_step
     if calibration is not None and calibration.rows_touched.get(str(tokens)):
@@ -152,32 +164,41 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     tie_bytes = 4.0 * first.numels[first.tied_param] if plan.tied else 0.0  # fp32, as runtime/reduction.py sends it
     # NCCL's all-reduce between the ends moves at the bus bandwidth of the link they share
     tie_factor = cluster.collective_factor(topo.link_between(*plan.tie_pairs()[0])) if plan.tied else 1.0
-    sim = Simulation(sched, fabric, stages, cfg.activation_bytes, cluster.collective_streams,
-                     record=trace_out is not None, tie_bytes=tie_factor * tie_bytes,
-                     send_buffer=calibration.send_buffer if calibration is not None else None)
-    sim.run()
+    sims = []
+    noise = noise if unfold else None  # folded replicas would all draw the same: lockstep again
+    for draw in range(NOISE_DRAWS if noise else 1):  # with noise, as many runs as the bench's rounds
+        sim = Simulation(sched, fabric if draw == 0 else Fabric(layout, topo, host, plan.tied, unfold=unfold),
+                         stages, cfg.activation_bytes, cluster.collective_streams,
+                         record=trace_out is not None and draw == 0, tie_bytes=tie_factor * tie_bytes,
+                         send_buffer=calibration.send_buffer if calibration is not None else None,
+                         noise=noise, draw=draw)
+        sim.run()
+        sims.append(sim)
 
-    ends = [sim.stats[(cfg.pp - 1, t)].end for t in range(cfg.steps)]
-    steps = [b - a for a, b in zip([0.0, *ends[:-1]], ends)]
-    kept = steady_steps(cfg.steps)  # as trirace bench measures
-    it = statistics.median(steps[t] for t in kept)
-    exposed = {k: statistics.fmean(sim.stats[(s, t)].exposed[k] for s in range(cfg.pp) for t in kept)
+    def step_times(sim: Simulation) -> list[float]:
+        ends = [sim.stats[(cfg.pp - 1, 0, t)].end for t in range(cfg.steps)]  # as the runtime's reporter sees them
+        return [b - a for a, b in zip([0.0, *ends[:-1]], ends)]
+    kept = steady_steps(cfg.steps)  # as trirace bench measures: the median of every run's steady steps
+    it = statistics.median(step_times(sim)[t] for sim in sims for t in kept)
+    exposed = {k: statistics.fmean(sim.stats[(r.stage, r.replica, t)].exposed[k]
+                                   for sim in sims for r in sim.ranks for t in kept)
                for k in ("p2p", "allreduce", "sparse")}
     bound = _bound(cfg, plan, cluster, stages, table_sent(cfg, plan, rows), tie_bytes)
     versions = sched.staleness + 1
-    mem = [stage_memory(spec, layers, cfg.micro_batch_size, cfg.tokens_seq, r.peak_in_flight, versions,
+    in_flight = [max(r.peak_in_flight for sim in sims for r in sim.ranks if r.stage == s) for s in range(cfg.pp)]
+    mem = [stage_memory(spec, layers, cfg.micro_batch_size, cfg.tokens_seq, peak, versions,
                         cfg.optimizer, cfg.precision, cfg.recompute)["total"] / 1e9
-           for layers, r in zip(stage_ranges(sizes), sim.ranks)]
+           for layers, peak in zip(stage_ranges(sizes), in_flight)]
     if trace_out is not None:
-        _trace(sim, trace_out, cfg)
+        _trace(sims[0], trace_out, cfg)
     chunk = stages[0].policy.partition_bytes
     parts = {"compute": bound.compute_s, "cpu": bound.cpu_s, "link": bound.link_s}
     if not cluster.shared_cores:  # a device per rank: the mean rank's compute never binds, nothing to explain
         del parts["cpu"]
     return SimResult(policy, it, cfg.tokens_per_step / it, bound.seconds, bound.binding, parts, bound.seconds / it,
-                     exposed, steps, mem, [r.peak_in_flight for r in sim.ranks], hier, sizes, layout.order,
+                     exposed, step_times(sims[0]), mem, in_flight, hier, sizes, layout.order,
                      chunk / 2**20 if chunk else None, methods[0] if methods else None, compute.source,
-                     len(sim.ranks), sim.events_run, time.perf_counter() - wall0)
+                     len(sims[0].ranks), sum(sim.events_run for sim in sims), time.perf_counter() - wall0)
 
 
 def _autotuned(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calibration | None,
@@ -234,7 +255,8 @@ def _trace(sim: Simulation, out: Path, cfg: TrainConfig) -> None:
     events = []
     for r in sim.ranks:
         evs = r.rec.events(0.0)
-        evs[0]["args"]["name"] = f"stage {r.stage} (rank {r.rank}, stands for {cfg.dp} replicas)"
+        stands = "" if sim.fabric.unfold else f", stands for {cfg.dp} replicas"
+        evs[0]["args"]["name"] = f"stage {r.stage} (rank {r.rank}{stands})"
         events += evs
     write_trace(Path(out), events)
 
