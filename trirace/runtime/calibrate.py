@@ -220,7 +220,7 @@ class Contention:
     spread: list[float]  # [k-1]: coefficient of variation of one iteration's time among them
 
 
-def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float = 3.0,
+def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float = 6.0,
                    timeout_s: float = 300) -> Contention:
     """Run k processes computing the model at once (each with `threads` threads), for
     k = 1..workers. Throughput: the sum over the k of best / mean iteration time, where best
