@@ -182,19 +182,46 @@ def test_measured_spread_unfolds_a_small_job_and_its_prediction_is_repeatable():
     assert simulate(big, load_cluster("testbed", nodes=80, link="1gbit"), "fifo", _SPREAD).simulated_ranks == 2
 
 
-def test_compute_noise_has_the_mean_time_and_varies_more_for_shorter_work():
-    noise = ComputeNoise(spread=0.1, iteration_s=1.0, seed=3)
-    for seconds, cv in ((1.0, 0.1), (0.25, 0.2), (1e-4, 1.0)):  # cv = spread * sqrt(iteration / seconds), <= 1
+def test_noisy_replicas_drift_apart_and_each_draw_sees_the_load_it_starts_under(tmp_path):
+    cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 2, "micro_batch_size": 2, "seq_len": 64, "steps": 6,
+                       "data": "synthetic"})
+    simulate(cfg, load_cluster("testbed", link="100mbit"), "fifo", _SPREAD, tmp_path / "t.json")
+    events = json.loads((tmp_path / "t.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    starts = {(e["pid"], e["name"]): e["ts"] for e in events if e.get("ph") == "X" and e["name"] == "OPT4"}
+    assert len(starts) == 4  # every rank simulated
+    assert len({round(ts / 1000) for ts in starts.values()}) == 4  # no two ranks finish step 4 at one ms
+    topo = Topology(2, 1, Link(8e9, 0.0), Link(8e8, 0.0))
+    work = StageWork(0.0, [0.0], [(0, 1)], 0.0, [1], make_policy("fifo"), lambda c: [], lambda c: False)
+    sim = Simulation(build_schedule("1f1b", 1, 1, 1), Fabric(Layout(1, 2), topo, unfold=True), [work], 0)
+    loads = []
+
+    def duration(seconds, load):
+        loads.append(load)
+        return seconds
+    for r in range(2):
+        sim.run_compute(("compute", 0, r), 1.0, lambda: None, duration)
+    sim.at(1.5, lambda: sim.run_compute(("compute", 0, 0), 1.0, lambda: None, duration))
+    while sim.events:
+        sim.now, _, fn = heapq.heappop(sim.events)
+        fn()
+    assert loads == [1, 2, 1] and sim.computing == 0
+
+
+def test_compute_noise_has_the_mean_time_and_varies_as_measured_at_its_load():
+    noise = ComputeNoise(spread=(0.05, 0.1), iteration_s=1.0, seed=3)
+    # cv = spread at the load (the last measured past it) * sqrt(iteration / seconds), at most 1
+    for seconds, load, cv in ((1.0, 2, 0.1), (0.25, 2, 0.2), (0.25, 1, 0.1), (1.0, 7, 0.1), (1e-4, 1, 1.0)):
         draw = noise.sampler(rank=5)
-        got = [draw(seconds) for _ in range(20000)]
+        got = [draw(seconds, load) for _ in range(20000)]
         mean = sum(got) / len(got)
         sd = (sum((x - mean) ** 2 for x in got) / len(got)) ** 0.5
         assert mean == pytest.approx(seconds, rel=0.03) and sd / mean == pytest.approx(cv, rel=0.1)
     a, b = noise.sampler(rank=0), noise.sampler(rank=0)
-    assert [a(0.5) for _ in range(5)] == [b(0.5) for _ in range(5)]  # seeded per rank
-    assert noise.sampler(rank=0, draw=1)(0.5) != noise.sampler(rank=0)(0.5)
-    assert ComputeNoise.of(None, 4, 0) is None and ComputeNoise.of(_HOST, 4, 0) is None  # nothing measured
-    assert ComputeNoise.of(_SPREAD, 9, 0).spread == 0.08  # past the measured ranks: the last
+    assert [a(0.5, 2) for _ in range(5)] == [b(0.5, 2) for _ in range(5)]  # seeded per rank
+    assert noise.sampler(rank=0, draw=1)(0.5, 2) != noise.sampler(rank=0)(0.5, 2)
+    assert ComputeNoise.of(None, 0) is None and ComputeNoise.of(_HOST, 0) is None  # nothing measured
+    assert ComputeNoise.of(_SPREAD, 0).spread == (0.02, 0.1, 0.1, 0.08)
 
 
 # ------------------------------------------------------------------ tied embeddings

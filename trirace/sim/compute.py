@@ -69,33 +69,34 @@ class ComputeNoise:
     """How much one computation's time varies on cores that ranks share: the OS hands them
     out unevenly, so replicas that start together drift apart (the lockstep fold cannot
     show this; sim/fabric.py). `trirace profile` measures the coefficient of variation of
-    one iteration (the whole model, one micro-batch) among the host's ranks computing at
-    once. A shorter computation varies more: taking the cores' uneven shares as
-    independent over time, its CV is spread * sqrt(iteration / duration), at most 1."""
+    one iteration (the whole model, one micro-batch) with k ranks computing at once; a
+    computation draws with the spread of the load it starts under. A shorter computation
+    varies more: taking the cores' uneven shares as independent over time, its CV is
+    spread * sqrt(iteration / duration), at most 1."""
 
-    spread: float
+    spread: tuple[float, ...]  # [k-1]: with k ranks computing
     iteration_s: float
     seed: int = 0
 
     @classmethod
-    def of(cls, calibration: Calibration | None, ranks: int, seed: int) -> "ComputeNoise | None":
-        """From the calibration's spread at `ranks` computing at once (the last measured past
-        it); None where it measured none."""
-        if calibration is None or not calibration.compute_spread:
+    def of(cls, calibration: Calibration | None, seed: int) -> "ComputeNoise | None":
+        """From the calibration's measured spread; None where it measured none."""
+        if calibration is None or not any(calibration.compute_spread):
             return None
-        spread = calibration.compute_spread[min(ranks, len(calibration.compute_spread)) - 1]
         iteration = sum(calibration.forward_s) + sum(calibration.backward_s)
-        return cls(spread, iteration, seed) if spread > 0 and iteration > 0 else None
+        return cls(tuple(calibration.compute_spread), iteration, seed) if iteration > 0 else None
 
-    def sampler(self, rank: int, draw: int = 0) -> Callable[[float], float]:
-        """A rank's durations: `seconds` -> seconds taken, lognormal with mean `seconds`, from
-        a stream of its own per simulated run (`draw`), seeded: a prediction is repeatable."""
+    def sampler(self, rank: int, draw: int = 0) -> Callable[[float, int], float]:
+        """A rank's durations: (`seconds`, ranks computing) -> seconds taken, lognormal with
+        mean `seconds`, from a stream of its own per simulated run (`draw`), seeded: a
+        prediction is repeatable."""
         rng = random.Random(f"{self.seed}:{draw}:{rank}")
 
-        def draw(seconds: float) -> float:
+        def duration(seconds: float, load: int) -> float:
             if seconds <= 0:
                 return seconds
-            cv = min(self.spread * math.sqrt(self.iteration_s / seconds), 1.0)
+            spread = self.spread[min(max(load, 1), len(self.spread)) - 1]  # past the measured: the last
+            cv = min(spread * math.sqrt(self.iteration_s / seconds), 1.0)
             sigma2 = math.log1p(cv * cv)
             return seconds * rng.lognormvariate(-sigma2 / 2, math.sqrt(sigma2))
-        return draw
+        return duration

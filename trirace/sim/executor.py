@@ -1,7 +1,8 @@
 """The simulated executor: the same action lists, policies and CommScheduler as the
 runtime, run against a clock instead of processes.
 
-Each stage has one representative rank (sim/fabric.py folds its replicas into it). It
+Each stage has one representative rank (sim/fabric.py folds its replicas into it), or,
+unfolded, one rank per replica whose collectives meet in a shared group. A rank
 walks its actions in `p2p_groups`, as runtime/engine.py does, and drives its
 CommScheduler at the same points runtime/comm.py does: chunks enqueued when the step's
 last backward begins, ready as that backward finishes their parameters (layer by layer),
@@ -202,7 +203,7 @@ class _Rank:
             if then:
                 then()
             self.resume()
-        self.sim.run_compute(self.compute_cls, self.duration(seconds), done)
+        self.sim.run_compute(self.compute_cls, seconds, done, self.duration)
         self._block(lambda: box["done"])
 
     def _backward(self, a: Action) -> None:
@@ -228,7 +229,7 @@ class _Rank:
                 self.rec.span("compute", str(a), t0, self.sim.now)
                 self.resume()
                 return
-            self.sim.run_compute(self.compute_cls, self.duration(layers[i][0]), lambda: layer(i + 1))
+            self.sim.run_compute(self.compute_cls, layers[i][0], lambda: layer(i + 1), self.duration)
         self._block(lambda: box["done"])
         layer(0)
 
@@ -356,6 +357,7 @@ class Simulation:
                  draw: int = 0):
         self.schedule, self.fabric, self.stages = schedule, fabric, stages
         self.noise, self.draw = noise, draw  # noise None: every computation takes its mean time
+        self.computing = 0  # computations running now, on all ranks
         self.activation_bytes = activation_bytes
         self.tie_bytes = tie_bytes  # the tied table/head gradient (fabric.tied)
         # By link class: bytes a send may still have to move when it returns (the kernel's
@@ -399,9 +401,10 @@ class Simulation:
             desc = "; ".join(f"stage {r.stage} at {' '.join(map(str, r.groups[r.pc]))}" for r in stuck)
             raise RuntimeError(f"simulated run deadlocked: {desc}")
 
-    def duration(self, rank: int) -> Callable[[float], float]:
-        """How long a computation of a mean `seconds` takes on `rank`."""
-        return (lambda seconds: seconds) if self.noise is None else self.noise.sampler(rank, self.draw)
+    def duration(self, rank: int) -> Callable[[float, int], float]:
+        """How long a computation of a mean `seconds` takes on `rank`, started with `load`
+        ranks computing."""
+        return (lambda seconds, load: seconds) if self.noise is None else self.noise.sampler(rank, self.draw)
 
     # ------------------------------------------------------------ flows
 
@@ -427,11 +430,21 @@ class Simulation:
         for cb in callbacks:
             cb()
 
-    def run_compute(self, cls: FlowClass, seconds: float, done: Callable[[], None]) -> None:
+    def run_compute(self, cls: FlowClass, seconds: float, done: Callable[[], None],
+                    duration: Callable[[float, int], float] | None = None) -> None:
+        """Compute for a mean `seconds` (`duration` draws the time it takes, given the
+        ranks computing), then call `done`."""
+        if duration is not None:
+            seconds = duration(seconds, self.computing + 1)
         if seconds <= 0:
             self.at(self.now, done)
             return
-        self._flow(seconds, self.fabric.uses[cls], done)
+        self.computing += 1
+
+        def finished():
+            self.computing -= 1
+            done()
+        self._flow(seconds, self.fabric.uses[cls], finished)
 
     def transfer(self, phases: list[Phase], done: Callable[[], None]) -> None:
         """Run `phases` one after the other, then call `done`."""

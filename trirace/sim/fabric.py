@@ -19,12 +19,14 @@ in seconds like computation, since max-min sharing needs one unit per resource.
 
 Max-min sharing on the folded problem gives every copy of a class the rate of the
 slowest copy, which is what lockstep replicas see. The assumption: replicas are
-symmetric. A layout whose copies meet different contention is modelled at its slowest.
-Measured on the testbed, 2bw's replicas are not in lockstep: with an asynchronous policy
-one replica runs 0.4-1.0 s (up to a step) ahead of the other. Two replicas on one node then
-mostly take turns on the uplink where the fold makes them collide (2x2 over-predicted), and
-share the cores at other moments than the fold has them (4x1 under-predicted);
-docs/bench/sim-accuracy/lockstep.md.
+symmetric and in lockstep. On cores that ranks share they are not: the OS hands the cores
+out unevenly, and under 2bw's asynchronous all-reduce a replica may run up to a step
+ahead, which it does (0.4-1.0 s on the testbed). Two replicas on one node then mostly take
+turns on the uplink where the fold has them collide, and share the cores at other moments
+(docs/bench/sim-accuracy/lockstep.md). So the fabric can also be *unfolded*: a class per
+replica for computation, P2P and the tied reduction (a collective stays one class, all its
+members' copies), and the executor runs every rank. Unfolded without noise, the result
+equals the fold's exactly (tests/test_sim_fidelity.py).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from .host import HostCpu
 from .network import Network, Uses
 
 # Flow classes: ("p2p", s, "fwd"|"bwd"), ("ring", s), ("local", s), ("leaders", s),
-# ("bcast", s), ("tie",), ("compute", s), and ("cpu", cls) for a transfer's CPU work.
+# ("bcast", s), ("tie",), ("compute", s), and ("cpu", cls) for a transfer's CPU work;
+# unfolded, compute, P2P and tie classes end with the replica's index.
 FlowClass = tuple
 
 

@@ -39,7 +39,7 @@ from .host import HostCpu
 
 
 UNFOLD_MAX_RANKS = 64  # past this, one representative per stage (the speed goal: 1024 GPUs in < 60 s)
-NOISE_DRAWS = 3  # simulated runs of a job with compute noise (trirace bench's default rounds)
+NOISE_DRAWS = 10
 
 
 @dataclass
@@ -126,7 +126,7 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     sizes, layout = list(plan.partition), plan.layout
     # Where ranks share cores and the calibration measured how unevenly, replicas drift
     # apart: simulate each (sim/fabric.py), while the job is small enough to.
-    noise = ComputeNoise.of(calibration, layout.world_size, cfg.seed) if cluster.shared_cores else None
+    noise = ComputeNoise.of(calibration, cfg.seed) if cluster.shared_cores else None
     if unfold is None:
         unfold = noise is not None and layout.world_size <= UNFOLD_MAX_RANKS
     host = HostCpu.of(cluster.shared_cores, calibration)
