@@ -357,6 +357,7 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     saved, out = tmp_path / "saved", tmp_path / "again"
     saved.mkdir()
     Calibration("gpt-test", 2, 64, 1, [0.01] * 7, [0.02] * 7, 1e-9, "testbed", cpu_throughput=[0.9, 1.8],
+                compute_spread=[0.02, 0.1],
                 transfer_cpu={"inter": {"per_message_s": 2e-4, "per_byte_s": 1e-9}}).save(saved / "cal.json")
     job = {"model": "gpt-test", "pp": 2, "dp": 1, "schedule": "2bw", "micro_batches": 2, "micro_batch_size": 2,
            "seq_len": 64, "steps": 6, "partition": [4, 3], "rank_order": "dp-inner", "seed": 0, "optimizer": "adam"}
@@ -371,14 +372,18 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     assert again["calibration"] == "cal.json" and (out / "cal.json").exists()  # travels with the results
     expect = simulate(make_config(job), load_cluster("testbed", 2, 1, "100mbit"), "trirace",
                       load_calibration(saved / "cal.json")).iteration_time_s
+    folded = simulate(make_config(job), load_cluster("testbed", 2, 1, "100mbit"), "trirace",
+                      load_calibration(saved / "cal.json"), unfold=False).iteration_time_s
     got = {r["policy"]: r for r in again["results"]}
     assert got["trirace"]["predicted_s"] == pytest.approx(expect)
     assert got["trirace"]["error"] == pytest.approx(expect / 0.5 - 1)
+    assert got["trirace"]["folded_error"] == pytest.approx(folded / 0.5 - 1) and folded != expect
     (saved / "single.json").write_text(json.dumps({"results": []}))  # a one-cell file from before --matrix
     with pytest.raises(SystemExit):
         sim_accuracy.main(["--resimulate", str(saved / "single.json"), "--out", str(out)])
     md = (out / "accuracy.md").read_text()
-    assert "| cal.json | 0.210 | 0.90 1.80 | 0.20 / 1.00 |" in md and (out / "accuracy.png").stat().st_size > 0
+    assert "| cal.json | 0.210 | 0.90 1.80 | 2% 10% | 0.20 / 1.00 |" in md and (out / "accuracy.png").stat().st_size > 0
+    assert "With the replicas folded into one per stage: " in md
 
 
 # ------------------------------------------------------------------ a send returns before its bytes arrive
