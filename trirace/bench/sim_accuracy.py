@@ -9,8 +9,8 @@ and report predicted against measured step time, and exposed time per kind, per 
 
 The simulation gets what the bench's runs decided (the partition and the rank order) and
 the calibration (per-layer times, the links as measured, the shared cores' throughput
-and the CPU cost of transfers, the data's touched rows); nothing is fitted to the
-measured step times. Measurements are saved as each cell finishes, so a stopped matrix
+and spread, the CPU cost of transfers, the data's touched rows); nothing is fitted to the
+measured step times. Each row also gives the prediction with the replicas folded. Measurements are saved as each cell finishes, so a stopped matrix
 keeps what it measured, and `--resimulate` re-predicts them after a simulator change
 without measuring again. Writes accuracy.json, accuracy.md and accuracy.png (predicted
 against measured) to --out.

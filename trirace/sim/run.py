@@ -38,8 +38,10 @@ from .fabric import Fabric
 from .host import HostCpu
 
 
-UNFOLD_MAX_RANKS = 64  # past this, one representative per stage (the speed goal: 1024 GPUs in < 60 s)
-NOISE_DRAWS = 10
+# Past this many ranks, one representative per stage: ten runs of every rank get slow (a
+# 64-rank testbed job, four policies: 58 s; 4 ranks, --sweep: 14 s).
+UNFOLD_MAX_RANKS = 16
+NOISE_DRAWS = 10  # simulated runs of a job with noise: with 3, one prediction moved 5 points between seeds
 
 
 @dataclass
