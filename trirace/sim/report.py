@@ -58,8 +58,9 @@ def table(payload: dict) -> str:
                      f"{r['vs_blocking']:.2f}x | {e['p2p']:.3g} | {e['allreduce']:.3g} | {e['sparse']:.3g} | "
                      f"{max(r['memory_gb']):.3g} |")
     r0 = payload["results"][0]
+    runs = f" (the median of {r0['runs']} runs, compute times drawn as measured)" if r0["runs"] > 1 else ""
     lines.append(f"stages {r0['partition']}, rank order {r0['rank_order']}, compute from {r0['compute_source']}; "
-                 f"{r0['simulated_ranks']} simulated ranks stand for {j['pp'] * j['dp']}; "
+                 f"{r0['simulated_ranks']} simulated ranks stand for {j['pp'] * j['dp']}{runs}; "
                  f"{sum(r['wall_s'] for r in payload['results']):.2f} s to simulate")
     return "\n".join(lines) + "\n\n" + why_text(payload["why"])
 

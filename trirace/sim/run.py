@@ -64,6 +64,7 @@ class SimResult:
     embedding_method: str | None
     compute_source: str
     simulated_ranks: int
+    runs: int  # simulated runs the prediction is the median of (more than one with compute noise)
     events: int
     wall_s: float
 
@@ -200,7 +201,7 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     return SimResult(policy, it, cfg.tokens_per_step / it, bound.seconds, bound.binding, parts, bound.seconds / it,
                      exposed, step_times(sims[0]), mem, in_flight, hier, sizes, layout.order,
                      chunk / 2**20 if chunk else None, methods[0] if methods else None, compute.source,
-                     len(sims[0].ranks), sum(sim.events_run for sim in sims), time.perf_counter() - wall0)
+                     len(sims[0].ranks), len(sims), sum(sim.events_run for sim in sims), time.perf_counter() - wall0)
 
 
 def _autotuned(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calibration | None,
