@@ -10,10 +10,10 @@ and report predicted against measured step time, and exposed time per kind, per 
 The simulation gets what the bench's runs decided (the partition and the rank order) and
 the calibration (per-layer times, the links as measured, the shared cores' throughput
 and spread, the CPU cost of transfers, the data's touched rows); nothing is fitted to the
-measured step times. Each row also gives the prediction with the replicas folded. Measurements are saved as each cell finishes, so a stopped matrix
-keeps what it measured, and `--resimulate` re-predicts them after a simulator change
-without measuring again. Writes accuracy.json, accuracy.md and accuracy.png (predicted
-against measured) to --out.
+measured step times. Each row also gives the prediction with the replicas folded.
+Measurements are saved as each cell finishes, so a stopped matrix keeps what it measured,
+and `--resimulate` re-predicts them after a simulator change without measuring again.
+Writes accuracy.json, accuracy.md and accuracy.png (predicted against measured) to --out.
 """
 
 from __future__ import annotations
@@ -155,7 +155,8 @@ def calibrations(payload: dict, where: Path) -> str:
         cost = cal.transfer_cpu.get("inter", {})
         lines.append(f"| {name} | {sum(cal.forward_s) + sum(cal.backward_s):.3f} | "
                      f"{' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} | "
-                     f"{' '.join(f'{x:.0%}' for x in cal.compute_spread) or '-'} | {1e3 * cost.get('per_message_s', 0):.2f} / {1e9 * cost.get('per_byte_s', 0):.2f} |")
+                     f"{' '.join(f'{x:.0%}' for x in cal.compute_spread) or '-'} | "
+                     f"{1e3 * cost.get('per_message_s', 0):.2f} / {1e9 * cost.get('per_byte_s', 0):.2f} |")
     return "\n".join(lines)
 
 

@@ -258,8 +258,8 @@ class _Rank:
             if self.policy.blocking and not all(m.released for m in msgs):
                 return False
             for a, m in waits:
-                self.driver.p2p_arrived(a, sim.link_of(self.stage, m.src, self.replica), sim.activation_bytes, sim.now,
-                                        waited=a not in already)
+                link = sim.link_of(self.stage, m.src, self.replica)
+                self.driver.p2p_arrived(a, link, sim.activation_bytes, sim.now, waited=a not in already)
                 self.driver.received(a)
                 self.rec.span("p2p recv", str(a), max(m.posted_at, t0), sim.now, waited_s=sim.now - t0)
             self.stats(step).exposed["p2p"] += sim.now - t0
