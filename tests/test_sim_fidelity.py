@@ -20,7 +20,7 @@ from trirace.config import make_config
 from trirace.errors import UsageError
 from trirace.plan import Layout, build_schedule
 from trirace.plan.topology import Link, Topology
-from trirace.runtime.calibrate import cpu_contention, probe_pair
+from trirace.runtime.calibrate import cpu_contention, link_share, probe_pair
 from trirace.sim import report
 from trirace.sim.calibration import Calibration, load_calibration
 from trirace.sim.cluster import PRESET_FILE, PRESETS, load_cluster
@@ -79,7 +79,7 @@ def test_calibration_without_host_figures_still_loads_and_bad_ones_are_refused(t
     cal = Calibration("gpt-test", 2, 64, 1, [0.1] * 7, [0.2] * 7, 1e-9, "testbed")
     cal.save(tmp_path / "c.json")
     data = json.loads((tmp_path / "c.json").read_text())
-    del data["cpu_throughput"], data["transfer_cpu"]  # a file from before they existed
+    del data["cpu_throughput"], data["transfer_cpu"], data["link_share"]  # a file from before they existed
     (tmp_path / "old.json").write_text(json.dumps(data))
     assert load_calibration(tmp_path / "old.json").cpu_throughput == []
     data["cpu_throughput"] = [1.0, -2.0]
@@ -89,6 +89,10 @@ def test_calibration_without_host_figures_still_loads_and_bad_ones_are_refused(t
     data["cpu_throughput"], data["compute_spread"] = [1.0, 1.8], [0.1, -0.1]
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(UsageError, match="compute_spread non-negative"):
+        load_calibration(tmp_path / "bad.json")
+    data["compute_spread"], data["link_share"] = [0.1], {"inter": 0.3}
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="link_share must be between 0.5 and 1"):
         load_calibration(tmp_path / "bad.json")
 
 
@@ -328,7 +332,7 @@ _HOST = Calibration("gpt-test", 2, 64, 1, [0.002, 0.01, 0.01, 0.01, 0.01, 0.0005
                     cpu_throughput=[0.95, 1.8, 1.75, 1.7, 1.7, 1.65, 1.6, 1.6],
                     transfer_cpu={"inter": {"per_message_s": 2e-4, "per_byte_s": 1e-9},
                                   "intra": {"per_message_s": 1e-4, "per_byte_s": 4e-10}})
-_SPREAD_8 = Calibration(**{**_HOST.__dict__, "compute_spread": [0.02] + [0.1] * 7})
+_SPREAD_8 = Calibration(**{**_HOST.__dict__, "compute_spread": [0.02] + [0.1] * 7, "link_share": {"inter": 0.8}})
 
 
 @settings(max_examples=30, deadline=None)
@@ -412,3 +416,45 @@ def test_profile_measures_what_a_blocking_send_leaves_in_flight():
     got = probe_pair(True, "50mbit")  # two testbed nodes: 8 MiB takes 1.3 s to cross
     assert 256 << 10 < got["send_buffer_bytes"] <= 8 << 20  # returned long before the bytes arrived
     assert 40e6 < got["bits_per_s"] < 55e6
+
+
+@needs_root
+def test_profile_measures_how_two_activations_share_a_shaped_uplink():
+    share = link_share("100mbit", 512 << 10, reps=5)  # two real gloo sends leaving one testbed node
+    assert 0.5 <= share <= 1.0
+
+
+# ------------------------------------------------------------------ a shaped link favours its oldest flow
+
+def test_the_oldest_senior_flow_gets_its_measured_share_and_others_stay_fair():
+    net = Network()
+    link = net.resource("node-up", 100.0, seniority=4.0)  # a share of 0.8 for the first of two
+    other = net.resource("node-up", 100.0)
+    net.start("first", 100.0, ((link, 1.0),), 0.0, senior=True)
+    net.start("second", 100.0, ((link, 1.0),), 0.0, senior=True)
+    assert (net.rate("first"), net.rate("second")) == (pytest.approx(80.0), pytest.approx(20.0))
+    net.start("bulk", 100.0, ((link, 1.0),), 0.0)  # not senior (a ring chunk): counts once, as the second
+    assert net.rate("first") == pytest.approx(400 / 6) and net.rate("bulk") == pytest.approx(100 / 6)
+    net.start("a", 100.0, ((other, 1.0),), 0.0, senior=True)
+    net.start("b", 100.0, ((other, 1.0),), 0.0, senior=True)
+    assert net.rate("a") == pytest.approx(50.0)  # no seniority there: fair
+    assert net.finished(1.5) == ["first"]  # 100 bytes at 200/3 per s
+    assert net.rate("second") == pytest.approx(80.0)  # now the oldest
+
+
+def test_measured_link_share_makes_the_fabric_favour_the_oldest_activation():
+    topo = Topology(2, 2, Link(8e9, 0.0), Link(8e8, 0.0))
+    fair, unfair = Fabric(Layout(2, 2), topo, unfold=True), Fabric(Layout(2, 2), topo, unfold=True, link_share=0.8)
+    assert fair.net.seniority == {}
+    favoured = {unfair.net.names[r].split("x")[0] for r in unfair.net.seniority}
+    assert favoured == {"node-up", "node-down"}
+    assert all(w == pytest.approx(4.0) for w in unfair.net.seniority.values())  # 0.8 / (1 - 0.8)
+    cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 2, "micro_batch_size": 2, "seq_len": 64, "steps": 6,
+                       "data": "synthetic"})
+    cluster = load_cluster("testbed", nodes=2, ranks_per_node=2, link="20mbit")
+    cal = Calibration(**{**_SPREAD.__dict__, "compute_spread": []})
+    shared = Calibration(**{**cal.__dict__, "link_share": {"inter": 0.9}})
+    for policy in ("blocking", "fifo"):
+        a, b = simulate(cfg, cluster, policy, cal, unfold=True), simulate(cfg, cluster, policy, shared, unfold=True)
+        # the two replicas' activations leave node 0 together: taking turns, the first is early
+        assert b.iteration_time_s < a.iteration_time_s and b.iteration_time_s >= b.lower_bound_s

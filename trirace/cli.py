@@ -376,6 +376,9 @@ def _profile(args: argparse.Namespace) -> int:
         shared = (f"; shared cores do {' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} x one rank's work with "
                   f"1..{len(cal.cpu_throughput)} ranks computing, an iteration's time varying by "
                   f"{' '.join(f'{x:.0%}' for x in cal.compute_spread)}; transfer CPU {costs}")
+    if cal.link_share:
+        shared += "; of two activations leaving a node together the first gets " + ", ".join(
+            f"{v:.0%} of the {k} link" for k, v in cal.link_share.items())
     if cal.send_buffer:
         shared += "; a blocking send returns with " + ", ".join(f"{v / 2**20:.2f} MiB still to cross {k}"
                                                                 for k, v in cal.send_buffer.items())

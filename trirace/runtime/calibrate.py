@@ -278,6 +278,52 @@ def probe_pair(across_nodes: bool, link: str | None = None, mtu: int = 9000, tim
         return json.loads(out.read_text())
 
 
+_SHARE = r"""
+import json, sys, time, torch, torch.distributed as dist
+rank, store, out, nbytes, reps = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=4)
+t = torch.zeros(nbytes // 4)
+shares = []
+for rep in range(reps + 1):  # the first opens the connections
+    h = dist.irecv(t, rank - 2) if rank >= 2 else None
+    dist.barrier()
+    at = torch.zeros(4, dtype=torch.float64)
+    if rank < 2:  # ranks 0 and 1 share node 0's uplink, to ranks 2 and 3 on node 1
+        at[rank] = time.time()  # one host, one clock: the namespaces' times compare
+        dist.isend(t, rank + 2).wait()
+    else:
+        h.wait()
+        at[rank] = time.time()
+    dist.all_reduce(at)
+    start = min(float(at[0]), float(at[1]))
+    ends = sorted([float(at[2]) - start, float(at[3]) - start])
+    if rep:
+        shares.append(min(max(ends[1] / (2 * ends[0]), 0.5), 1.0))
+if rank == 0:
+    json.dump(sum(shares) / len(shares), open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+def link_share(link: str, nbytes: int, mtu: int = 9000, reps: int = 21, timeout_s: float = 120) -> float:
+    """How two transfers of `nbytes` that leave one testbed node together share its uplink:
+    the first to finish had this fraction of the link while both moved (0.5: fair; 1: one
+    after the other). TCP through the shaper is not fair: the first flow to fill its queue
+    keeps most of it. Gloo sends between real processes; the mean of `reps`, since the
+    split is bimodal (512 KiB at 50 Mbit: mostly 0.9, a third of the time 0.55-0.68)."""
+    from .. import testbed
+
+    with testbed.held(2, 2, link, mtu) as tb, tempfile.TemporaryDirectory(prefix="trirace-share-") as tmp:
+        store, out = Path(tmp) / "store", Path(tmp) / "share.json"
+        procs = [subprocess.Popen(["timeout", "-k", "5", str(timeout_s), *tb.rank_command(r), sys.executable, "-c",
+                                   _SHARE, str(r), str(store), str(out), str(nbytes), str(reps)],
+                                  env={**os.environ, **tb.rank_env(r)}) for r in range(4)]
+        codes = [p.wait() for p in procs]
+        if any(codes) or not out.exists():
+            raise UsageError(f"link share probe failed (exit status {codes})")
+        return float(json.loads(out.read_text()))
+
+
 def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None, mtu: int = 9000,
             intra: bool = True) -> Calibration:
     from ..sim.cluster import PRESETS
@@ -297,7 +343,11 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         contention = cpu_contention(cfg, cfg.world_size, threads)
         cost = {k: {"per_message_s": v["cpu_per_message_s"], "per_byte_s": v["cpu_per_byte_s"]}
                 for k, v in probes.items()}
+    share = {}
+    if shared and link is not None:  # activations leaving one emulated node together
+        share = {"inter": link_share(link, cfg.activation_bytes, mtu)}
     return Calibration(cfg.model, cfg.micro_batch_size, cfg.tokens_seq, threads, fwd, bwd, per_param, cluster,
                        links, {str(cfg.tokens_per_replica_step): rows_touched(cfg)}, host=socket.gethostname(),
                        cpu_throughput=contention.throughput, compute_spread=contention.spread, transfer_cpu=cost,
-                       send_buffer={k: v["send_buffer_bytes"] for k, v in probes.items() if "send_buffer_bytes" in v})
+                       send_buffer={k: v["send_buffer_bytes"] for k, v in probes.items() if "send_buffer_bytes" in v},
+                       link_share=share)

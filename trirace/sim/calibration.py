@@ -21,6 +21,9 @@ JSON, so it can be read, diffed and edited:
   send_buffer                        {"intra"|"inter": bytes}: what a blocking send may still
                                      have to move when it returns (socket buffer and link
                                      queue take them), measured with a large send
+  link_share                         {"inter": s}: two activations leaving a node together,
+                                     the first to finish had s of the link while both moved
+                                     (0.5: fair; TCP through the testbed's shaper is not)
   host                               where it ran
 """
 
@@ -57,6 +60,7 @@ class Calibration:
     compute_spread: list[float] = field(default_factory=list)  # [k-1]: CV of an iteration's time; empty: none
     transfer_cpu: dict[str, dict[str, float]] = field(default_factory=dict)
     send_buffer: dict[str, float] = field(default_factory=dict)  # empty: a send returns on delivery
+    link_share: dict[str, float] = field(default_factory=dict)  # empty: links shared fairly
     host: str = ""
     version: int = VERSION
 
@@ -99,6 +103,8 @@ def load_calibration(path: str | Path) -> Calibration:
         raise UsageError(f"calibration file {p}: forward_s and backward_s must be equally long, finite and "
                          "non-negative")
     costs = [v for per in cal.transfer_cpu.values() for v in per.values()] + list(cal.send_buffer.values())
+    if not all(math.isfinite(x) and 0.5 <= x <= 1 for x in cal.link_share.values()):
+        raise UsageError(f"calibration file {p}: link_share must be between 0.5 and 1")
     if not all(math.isfinite(x) and x > 0 for x in cal.cpu_throughput) or \
             not all(math.isfinite(x) and x >= 0 for x in costs + cal.compute_spread):
         raise UsageError(f"calibration file {p}: cpu_throughput must be positive, transfer_cpu, "

@@ -408,10 +408,10 @@ class Simulation:
 
     # ------------------------------------------------------------ flows
 
-    def _flow(self, amount: float, uses, done: Callable[[], None]) -> None:
+    def _flow(self, amount: float, uses, done: Callable[[], None], senior: bool = False) -> None:
         key = next(self.flow_ids)
         self.flow_done[key] = done
-        self.fabric.net.start(key, amount, uses, self.now)
+        self.fabric.net.start(key, amount, uses, self.now, senior)
         self._reschedule()
 
     def _reschedule(self) -> None:
@@ -458,9 +458,10 @@ class Simulation:
 
         def start():
             cpu_s = self.fabric.cpu_seconds(first.cls, first.nbytes, first.messages)
-            parts = [(first.nbytes, self.fabric.uses[first.cls])] if first.nbytes > 0 else []
+            # an activation's bytes may be favoured on a link that serves the oldest first
+            parts = [(first.nbytes, self.fabric.uses[first.cls], first.cls[0] == "p2p")] if first.nbytes > 0 else []
             if cpu_s > 0:  # the transfer's CPU work, beside its bytes, on the cores computation shares
-                parts.append((cpu_s, self.fabric.uses[("cpu", first.cls)]))
+                parts.append((cpu_s, self.fabric.uses[("cpu", first.cls)], False))
             if not parts:
                 moved()
             left = [len(parts)]
@@ -469,8 +470,8 @@ class Simulation:
                 left[0] -= 1
                 if left[0] == 0:
                     moved()
-            for amount, uses in parts:
-                self._flow(amount, uses, part_done)
+            for amount, uses, senior in parts:
+                self._flow(amount, uses, part_done, senior)
         if first.latency_s > 0:
             self.at(self.now + first.latency_s, start)
         else:

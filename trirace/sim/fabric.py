@@ -52,6 +52,9 @@ class Fabric:
     host: HostCpu | None = None  # all ranks share this host's cores (the testbed)
     tied: bool = False  # first and last stage all-reduce the tied table/head gradient (class ("tie",))
     unfold: bool = False  # simulate every replica (see the module's docstring), not one per stage
+    # What the first of two activations leaving a node together gets of its inter-node link
+    # (measured by trirace profile; 0.5: fair). P2P flows on those links favour the oldest.
+    link_share: float = 0.5
     net: Network = field(default_factory=Network)
     uses: dict[FlowClass, Uses] = field(default_factory=dict)
     latency: dict[FlowClass, float] = field(default_factory=dict)
@@ -70,7 +73,8 @@ class Fabric:
             sig = (res[0], frozenset(usage.items()))
             if sig not in ids:
                 curve = self.host.capacity if res[0] == "cpu" else None
-                ids[sig] = self.net.resource(f"{res[0]}x{len(ids)}", self._capacity(res[0]), curve)
+                ids[sig] = self.net.resource(f"{res[0]}x{len(ids)}", self._capacity(res[0]), curve,
+                                             self._seniority(res[0]))
             for cls, n in usage.items():
                 folded[cls][ids[sig]] = max(folded[cls].get(ids[sig], 0.0), float(n))
         self.latency = {cls: lat for cls, (_res, lat) in classes.items()}
@@ -109,6 +113,14 @@ class Fabric:
         """CPU seconds one copy of a `cls` transfer costs the shared cores (0 where none)."""
         per_message, per_byte = self.transfer_cpu.get(cls, (0.0, 0.0))
         return messages * per_message + nbytes * per_byte
+
+    def _seniority(self, kind: str) -> float:
+        """How much the oldest P2P flow on a resource counts against another (sim/network.py):
+        a share s of the link for the first of two is a weight of s / (1 - s)."""
+        if kind not in ("node-up", "node-down"):
+            return 1.0
+        share = min(max(self.link_share, 0.5), 0.95)  # past 0.95 one flow would all but stop the other
+        return share / (1 - share)
 
     def _capacity(self, kind: str) -> float:
         if kind in ("port-up", "port-down"):

@@ -10,6 +10,12 @@ A resource may have a capacity that depends on its load (the summed weight of th
 crossing it): a host's cores do less total work with four processes than with two, as
 measured (sim/host.py).
 
+A resource may also favour its oldest flow: TCP through a shaped link is not fair between
+short transfers, the first to fill the queue keeps most of it (measured by trirace
+profile). Among the flows marked `senior` that cross such a resource, the one started
+first counts `seniority` times in the filling: it rises that much faster than the others
+(weighted max-min fairness), on every resource it crosses.
+
 Rates change only when a flow starts or ends; between those events every flow drains
 linearly, so the next completion is known exactly. Nothing here knows about time beyond
 `advance(now)`; the event loop (sim/executor.py) owns the clock.
@@ -32,34 +38,40 @@ class Flow:
     remaining: float
     uses: Uses
     rate: float = 0.0
+    senior: bool = False  # may be favoured as the oldest on a resource with seniority
 
 
 class Network:
     def __init__(self):
         self.capacity: list[float] = []
         self.curves: dict[int, Callable[[float], float]] = {}  # resource -> capacity at a load
+        self.seniority: dict[int, float] = {}  # resource -> how much its oldest senior flow counts
         self.names: list[str] = []
         self.flows: dict[object, Flow] = {}
         self.clock = 0.0
         self._dirty = False
 
-    def resource(self, name: str, capacity: float, curve: Callable[[float], float] | None = None) -> int:
-        """A resource of `capacity`, or of `curve(load)` where given (never above `capacity`)."""
+    def resource(self, name: str, capacity: float, curve: Callable[[float], float] | None = None,
+                 seniority: float = 1.0) -> int:
+        """A resource of `capacity`, or of `curve(load)` where given (never above `capacity`),
+        whose oldest senior flow counts `seniority` times (1: fair)."""
         if capacity <= 0:
             raise ValueError(f"resource {name!r}: capacity must be positive (got {capacity})")
         self.capacity.append(float(capacity))
         self.names.append(name)
         if curve is not None:
             self.curves[len(self.capacity) - 1] = curve
+        if seniority != 1.0:
+            self.seniority[len(self.capacity) - 1] = seniority
         return len(self.capacity) - 1
 
     # ------------------------------------------------------------ flows
 
-    def start(self, key: object, amount: float, uses: Uses, now: float) -> None:
+    def start(self, key: object, amount: float, uses: Uses, now: float, senior: bool = False) -> None:
         if key in self.flows:
             raise ValueError(f"flow {key!r} already running")
         self.advance(now)
-        self.flows[key] = Flow(key, max(float(amount), 0.0), tuple((r, w) for r, w in uses if w > 0))
+        self.flows[key] = Flow(key, max(float(amount), 0.0), tuple((r, w) for r, w in uses if w > 0), senior=senior)
         self._dirty = True
 
     def advance(self, now: float) -> None:
@@ -106,29 +118,49 @@ class Network:
             return
         self._dirty = False
         residual = list(self.capacity)
+        favoured = self._favoured()  # flow key -> how much it counts (1 unless the oldest somewhere)
         # Per resource: the unfrozen flows crossing it and their summed weight, kept up to
         # date as flows freeze (one pass over the uses in all, not one per bottleneck).
         crossing: dict[int, list[Flow]] = {}
         weight: dict[int, float] = {}
+        load: dict[int, float] = {}  # copies crossing, unweighted by seniority: what a curve sees
         for f in self.flows.values():
             f.rate = math.inf if not f.uses else -1.0  # -1: not frozen yet
+            m = favoured.get(f.key, 1.0)
             for r, w in f.uses:
                 crossing.setdefault(r, []).append(f)
-                weight[r] = weight.get(r, 0.0) + w
+                weight[r] = weight.get(r, 0.0) + w * m
+                load[r] = load.get(r, 0.0) + w
         for r, curve in self.curves.items():
-            if r in weight:
-                residual[r] = min(curve(weight[r]), residual[r])
+            if r in load:
+                residual[r] = min(curve(load[r]), residual[r])
         while weight:
             bottleneck = min(weight, key=lambda r: residual[r] / weight[r])
             level = max(residual[bottleneck] / weight[bottleneck], 0.0)
             for f in crossing.pop(bottleneck):
                 if f.rate >= 0:
                     continue  # frozen at an earlier bottleneck
-                f.rate = level
+                m = favoured.get(f.key, 1.0)
+                f.rate = level * m
                 for r, w in f.uses:
-                    residual[r] -= w * level
+                    residual[r] -= w * m * level
                     if r in weight:
-                        weight[r] -= w
+                        weight[r] -= w * m
             del weight[bottleneck]
             for r in [r for r, w in weight.items() if w <= _EPS]:  # every flow on it is frozen
                 del weight[r], crossing[r]
+
+    def _favoured(self) -> dict[object, float]:
+        """The oldest senior flow on each resource with seniority, and how much it counts."""
+        out: dict[object, float] = {}
+        if not self.seniority:
+            return out
+        oldest: dict[int, Flow] = {}
+        for f in self.flows.values():  # in the order they started
+            if f.senior:
+                for r, _ in f.uses:
+                    if r in self.seniority and r not in oldest:
+                        oldest[r] = f
+        for r, f in oldest.items():
+            out[f.key] = max(out.get(f.key, 1.0), self.seniority[r])
+        return out

@@ -133,7 +133,11 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     if unfold is None:
         unfold = noise is not None and layout.world_size <= UNFOLD_MAX_RANKS
     host = HostCpu.of(cluster.shared_cores, calibration)
-    fabric = Fabric(layout, topo, host, plan.tied, unfold=unfold)
+    share = calibration.link_share.get("inter", 0.5) if calibration is not None else 0.5
+
+    def new_fabric() -> Fabric:  # each simulated run's network holds its own flows
+        return Fabric(layout, topo, host, plan.tied, unfold=unfold, link_share=share)
+    fabric = new_fabric()
     numels_by_layer = layer_param_numels(spec)
     tokens = cfg.tokens_per_replica_step
     if calibration is not None and calibration.rows_touched.get(str(tokens)):
@@ -170,8 +174,7 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     sims = []
     noise = noise if unfold else None  # folded replicas would all draw the same: lockstep again
     for draw in range(NOISE_DRAWS if noise else 1):  # with noise, as many runs as the bench's rounds
-        sim = Simulation(sched, fabric if draw == 0 else Fabric(layout, topo, host, plan.tied, unfold=unfold),
-                         stages, cfg.activation_bytes, cluster.collective_streams,
+        sim = Simulation(sched, fabric if draw == 0 else new_fabric(), stages, cfg.activation_bytes, cluster.collective_streams,
                          record=trace_out is not None and draw == 0, tie_bytes=tie_factor * tie_bytes,
                          send_buffer=calibration.send_buffer if calibration is not None else None,
                          noise=noise, draw=draw)
