@@ -386,7 +386,7 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     with pytest.raises(SystemExit):
         sim_accuracy.main(["--resimulate", str(saved / "single.json"), "--out", str(out)])
     md = (out / "accuracy.md").read_text()
-    assert "| cal.json | 0.210 | 0.90 1.80 | 2% 10% | 0.20 / 1.00 |" in md and (out / "accuracy.png").stat().st_size > 0
+    assert "| cal.json | 0.210 | 0.90 1.80 | 2% 10% | 0.20 / 1.00 | - |" in md and (out / "accuracy.png").stat().st_size > 0
     assert "With the replicas folded into one per stage: " in md
 
 

@@ -149,14 +149,15 @@ def calibrations(payload: dict, where: Path) -> str:
     from one of them can be closer than."""
     lines = ["| calibration | forward + backward per micro-batch (s) | work done by 1..k ranks at once "
              "(x one rank's best) | an iteration's spread with 1..k at once | inter-node transfer CPU per message "
-             "(ms) / per MB (ms) |", "|---|---|---|---|---|"]
+             "(ms) / per MB (ms) | first of two activations' share of the uplink |", "|---|---|---|---|---|---|"]
     for name in dict.fromkeys(cell["calibration"] for cell in payload["cells"]):
         cal = load_calibration(where / name)
         cost = cal.transfer_cpu.get("inter", {})
         lines.append(f"| {name} | {sum(cal.forward_s) + sum(cal.backward_s):.3f} | "
                      f"{' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} | "
                      f"{' '.join(f'{x:.0%}' for x in cal.compute_spread) or '-'} | "
-                     f"{1e3 * cost.get('per_message_s', 0):.2f} / {1e9 * cost.get('per_byte_s', 0):.2f} |")
+                     f"{1e3 * cost.get('per_message_s', 0):.2f} / {1e9 * cost.get('per_byte_s', 0):.2f} | "
+                     + (f"{cal.link_share['inter']:.2f} |" if "inter" in cal.link_share else "- |"))
     return "\n".join(lines)
 
 
