@@ -20,7 +20,7 @@ from trirace.config import make_config
 from trirace.errors import UsageError
 from trirace.plan import Layout, build_schedule
 from trirace.plan.topology import Link, Topology
-from trirace.runtime.calibrate import cpu_contention, link_share, probe_pair
+from trirace.runtime.calibrate import compute_now, cpu_contention, layer_times, link_share, probe_pair
 from trirace.sim import report
 from trirace.sim.calibration import Calibration, load_calibration
 from trirace.sim.cluster import PRESET_FILE, PRESETS, load_cluster
@@ -119,6 +119,9 @@ def test_profile_measures_what_ranks_sharing_cores_cost_each_other():
     assert len(curve) == 2 and 0 < curve[0] <= 1.0  # one alone: its mean against its best
     assert 0 < curve[1] <= 2.2
     assert len(got.spread) == 2 and all(0 <= cv < 1 for cv in got.spread)
+    now = compute_now(cfg, threads=1)  # the host's speed now, as the calibration measures it
+    fwd, bwd, _ = layer_times(cfg)
+    assert 0 < now < 10 * (sum(fwd) + sum(bwd)) + 1.0
     got = probe_pair(False)  # a real gloo pair on loopback
     assert got["cpu_per_message_s"] >= 0 and got["cpu_per_byte_s"] >= 0
     assert got["cpu_per_message_s"] < 0.05 and got["cpu_per_byte_s"] < 1e-6
@@ -369,7 +372,7 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
                  "exposed_allreduce_s": 0.0} for p in ("blocking", "trirace")]
     payload = {"rounds": 3, "steps": 6, "cells": [{"name": "2x1 @ 100mbit", "cluster": [2, 1, "100mbit"],
                                                    "config": job, "calibration": str(saved / "cal.json"),
-                                                   "measured": measured}]}
+                                                   "measured": measured, "compute_s": [0.2, 0.25]}]}
     (saved / "accuracy.json").write_text(json.dumps(payload))
     assert sim_accuracy.main(["--resimulate", str(saved / "accuracy.json"), "--out", str(out)]) == 0
     again = json.loads((out / "accuracy.json").read_text())["cells"][0]
@@ -388,6 +391,7 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     md = (out / "accuracy.md").read_text()
     assert "| cal.json | 0.210 | 0.90 1.80 | 2% 10% | 0.20 / 1.00 | - |" in md and (out / "accuracy.png").stat().st_size > 0
     assert "With the replicas folded into one per stage: " in md
+    assert "| 2x1 @ 100mbit | 0.210 / 0.200 / 0.250 |" in md  # the host's speed beside the calibration's
 
 
 # ------------------------------------------------------------------ a send returns before its bytes arrive

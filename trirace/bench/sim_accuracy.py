@@ -13,7 +13,10 @@ and spread, the CPU cost of transfers, the data's touched rows); nothing is fitt
 measured step times. Each row also gives the prediction with the replicas folded.
 Measurements are saved as each cell finishes, so a stopped matrix keeps what it measured,
 and `--resimulate` re-predicts them after a simulator change without measuring again.
-Writes accuracy.json, accuracy.md and accuracy.png (predicted against measured) to --out.
+Each cell also records one micro-batch's compute before and after it, measured as the
+calibration measures it: the host's speed drifts (20% within an hour, stop 27), and a
+cell measured on a slower host than its calibration is predicted too fast. Writes
+accuracy.json, accuracy.md and accuracy.png (predicted against measured) to --out.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import sys
 from pathlib import Path
 
 from ..config import make_config
-from ..runtime.calibrate import profile
+from ..runtime.calibrate import compute_now, profile
 from ..sim.calibration import load_calibration
 from ..sim.cluster import load_cluster
 from ..sim.run import simulate
@@ -72,9 +75,13 @@ def main(argv: list[str] | None = None) -> int:
                 profile(cfg, "testbed", c.link).save(path)
                 calibrations[c.link] = path.name  # beside accuracy.json
             print(f"[{i + 1}/{len(cells)}] measuring {matrix.cell_name(c)} ...", file=sys.stderr, flush=True)
+            # the host's speed before and after, against its calibration's (it drifts: stop 27)
+            threads = load_calibration(out / calibrations[c.link]).threads
+            before = compute_now(cfg, threads)
             measured = side_by_side.run(cfg, c, POLICIES, args.rounds)
             cell = {"name": matrix.cell_name(c), "cluster": [c.nodes, c.ranks_per_node, c.link],
                     "config": measured["config"], "calibration": calibrations[c.link],
+                    "compute_s": [before, compute_now(cfg, threads)],
                     "measured": [{k: r[k] for k in ("system", "step_time_s", "round_steps_s", "exposed_p2p_s",
                                                       "exposed_allreduce_s")} for r in measured["results"]]}
             cell["results"] = predict(cell, out)
@@ -133,7 +140,21 @@ def markdown(payload: dict, where: Path) -> str:
                          f"{r['predicted_exposed_p2p_s']:.3f} | {r['measured_exposed_allreduce_s']:.3f} / "
                          f"{r['predicted_exposed_allreduce_s']:.3f} |")
     lines += ["", summary(errors), f"With the replicas folded into one per stage: {summary(folded)}"]
-    return "\n".join(lines + ["", calibrations(payload, where)])
+    return "\n".join(lines + ["", calibrations(payload, where)] + host_speed(payload, where))
+
+
+def host_speed(payload: dict, where: Path) -> list[str]:
+    """One micro-batch's compute before and after each cell, against its calibration's: a
+    cell measured while the host ran slower than at calibration is predicted too fast."""
+    cells = [c for c in payload["cells"] if "compute_s" in c]  # (files from before stop 27 lack it)
+    if not cells:
+        return []
+    lines = ["", "| cell | compute per micro-batch at calibration / before / after the cell (s) |", "|---|---|"]
+    for c in cells:
+        cal = load_calibration(where / c["calibration"])
+        before, after = c["compute_s"]
+        lines.append(f"| {c['name']} | {sum(cal.forward_s) + sum(cal.backward_s):.3f} / {before:.3f} / {after:.3f} |")
+    return lines
 
 
 def summary(errors: list[float]) -> str:

@@ -91,6 +91,19 @@ def layer_times(cfg: TrainConfig, reps: int = 5) -> tuple[list[float], list[floa
     return fwd, bwd, per_param
 
 
+def compute_now(cfg: TrainConfig, threads: int) -> float:
+    """One micro-batch's forward and backward through the whole model, in seconds, measured
+    as the calibration measures it (with its thread count): this host's speed right now,
+    to set beside what the calibration saw."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        fwd, bwd, _ = layer_times(cfg)
+    finally:
+        torch.set_num_threads(before)
+    return sum(fwd) + sum(bwd)
+
+
 def rows_touched(cfg: TrainConfig, steps: int = 4) -> float:
     """Distinct token ids in one replica's step (its m micro-batches), the largest over the
     replicas, averaged over a few steps: what the sparse exchange ships."""
