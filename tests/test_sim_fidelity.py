@@ -135,6 +135,14 @@ _SPREAD = Calibration("gpt-test", 2, 64, 1, [0.002, 0.01, 0.01, 0.01, 0.01, 0.00
                       transfer_cpu={"inter": {"per_message_s": 2e-4, "per_byte_s": 1e-9}})
 
 
+def _run_clock(sim: Simulation) -> None:
+    """Run the simulation's events alone, without the ranks' schedules (Simulation.run
+    starts those)."""
+    while sim.events:
+        sim.now, _, fn = heapq.heappop(sim.events)
+        fn()
+
+
 @pytest.mark.parametrize("where,layout,tie,policy", [
     ("testbed", (2, 2), False, "fifo"), ("testbed", (2, 2), True, "trirace"), ("testbed", (1, 4), False, "blocking"),
     ("h100-100gbe", (2, 4), True, "priority"), ("testbed-2x2", (1, 4), False, "trirace")])
@@ -166,9 +174,7 @@ def test_a_collective_moves_when_its_last_member_issues_it_and_members_must_agre
     group.submit(0, "chunk0", [], lambda: done.append(0))
     sim.at(1.0, lambda: group.submit(1, "chunk0", [], lambda: done.append(1)))
     sim.at(0.5, lambda: done.append("half"))
-    while sim.events:  # the clock alone, without the ranks' schedules
-        sim.now, _, fn = heapq.heappop(sim.events)
-        fn()
+    _run_clock(sim)
     assert done == ["half", 0, 1]  # nothing moved before the second member issued it
     group.submit(0, "chunk1", [], lambda: None)
     with pytest.raises(RuntimeError, match="disagree on the order"):
@@ -209,9 +215,7 @@ def test_noisy_replicas_drift_apart_and_each_draw_sees_the_load_it_starts_under(
     for r in range(2):
         sim.run_compute(("compute", 0, r), 1.0, lambda: None, duration)
     sim.at(1.5, lambda: sim.run_compute(("compute", 0, 0), 1.0, lambda: None, duration))
-    while sim.events:
-        sim.now, _, fn = heapq.heappop(sim.events)
-        fn()
+    _run_clock(sim)
     assert loads == [1, 2, 1] and sim.computing == 0
 
 

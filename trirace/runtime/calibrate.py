@@ -279,16 +279,19 @@ def probe_pair(across_nodes: bool, link: str | None = None, mtu: int = 9000, tim
     held = testbed.held(2, 1, link, mtu) if across_nodes else nullcontext(None)
     with held as tb, tempfile.TemporaryDirectory(prefix="trirace-profile-") as tmp:
         store, out = Path(tmp) / "store", Path(tmp) / "link.json"
-        procs = []
-        for r in range(2):
-            prefix = tb.rank_command(r) if tb else []
-            env = {**os.environ, **(tb.rank_env(r) if tb else {})}
-            procs.append(subprocess.Popen(["timeout", "-k", "5", str(timeout_s), *prefix, sys.executable, "-c", _PROBE,
-                                           str(r), str(store), str(out), "2" if tb else "1"], env=env))
-        codes = [p.wait() for p in procs]
-        if any(codes) or not out.exists():
-            raise UsageError(f"link probe failed (exit status {codes})")
+        _run_ranks("link probe", _PROBE, 2, tb, [str(store), str(out), "2" if tb else "1"], out, timeout_s)
         return json.loads(out.read_text())
+
+
+def _run_ranks(what: str, script: str, world: int, tb, args: list[str], out: Path, timeout_s: float) -> None:
+    """Run `script` as `world` real processes, each given its rank and then `args` (in the
+    testbed `tb`'s namespaces where there is one); `out` is what rank 0 must have written."""
+    procs = [subprocess.Popen(["timeout", "-k", "5", str(timeout_s), *(tb.rank_command(r) if tb else []),
+                               sys.executable, "-c", script, str(r), *args],
+                              env={**os.environ, **(tb.rank_env(r) if tb else {})}) for r in range(world)]
+    codes = [p.wait() for p in procs]
+    if any(codes) or not out.exists():
+        raise UsageError(f"{what} failed (exit status {codes})")
 
 
 _SHARE = r"""
@@ -328,12 +331,7 @@ def link_share(link: str, nbytes: int, mtu: int = 9000, reps: int = 21, timeout_
 
     with testbed.held(2, 2, link, mtu) as tb, tempfile.TemporaryDirectory(prefix="trirace-share-") as tmp:
         store, out = Path(tmp) / "store", Path(tmp) / "share.json"
-        procs = [subprocess.Popen(["timeout", "-k", "5", str(timeout_s), *tb.rank_command(r), sys.executable, "-c",
-                                   _SHARE, str(r), str(store), str(out), str(nbytes), str(reps)],
-                                  env={**os.environ, **tb.rank_env(r)}) for r in range(4)]
-        codes = [p.wait() for p in procs]
-        if any(codes) or not out.exists():
-            raise UsageError(f"link share probe failed (exit status {codes})")
+        _run_ranks("link share probe", _SHARE, 4, tb, [str(store), str(out), str(nbytes), str(reps)], out, timeout_s)
         return float(json.loads(out.read_text()))
 
 

@@ -92,7 +92,7 @@ class Fabric:
     @property
     def replicas(self) -> int:
         """Simulated ranks per stage."""
-        return self.layout.dp if self.unfold else 1
+        return len(self._replicas())
 
     # A class names one replica's flows when unfolded, every replica's when folded.
     def compute_cls(self, stage: int, replica: int) -> FlowClass:
@@ -159,9 +159,9 @@ class Fabric:
                             0.0)
                 if s < L.pp - 1:
                     fwd = [(L.rank(s, r), L.rank(s + 1, r)) for r in reps]
-                    out[self.p2p_cls(s, "fwd", reps[0])] = self._pairs(self.p2p_cls(s, "fwd", reps[0]), fwd)
-                    bwd = [(b, a) for a, b in fwd]
-                    out[self.p2p_cls(s, "bwd", reps[0])] = self._pairs(self.p2p_cls(s, "bwd", reps[0]), bwd)
+                    for direction, pairs in (("fwd", fwd), ("bwd", [(b, a) for a, b in fwd])):
+                        p2p = self.p2p_cls(s, direction, reps[0])
+                        out[p2p] = self._pairs(p2p, pairs)
             if L.dp > 1:
                 out[("ring", s)] = self._pairs(("ring", s), [(ranks[i], ranks[(i + 1) % len(ranks)]) for i in range(len(ranks))])
                 by_node: dict[int, list[int]] = {}

@@ -132,6 +132,7 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     noise = ComputeNoise.of(calibration, cfg.seed) if cluster.shared_cores else None
     if unfold is None:
         unfold = noise is not None and layout.world_size <= UNFOLD_MAX_RANKS
+    noise = noise if unfold else None  # folded replicas would all draw the same: lockstep again
     host = HostCpu.of(cluster.shared_cores, calibration)
     share = calibration.link_share.get("inter", 0.5) if calibration is not None else 0.5
 
@@ -172,10 +173,9 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     # NCCL's all-reduce between the ends moves at the bus bandwidth of the link they share
     tie_factor = cluster.collective_factor(topo.link_between(*plan.tie_pairs()[0])) if plan.tied else 1.0
     sims = []
-    noise = noise if unfold else None  # folded replicas would all draw the same: lockstep again
-    for draw in range(NOISE_DRAWS if noise else 1):  # with noise, as many runs as the bench's rounds
-        sim = Simulation(sched, fabric if draw == 0 else new_fabric(), stages, cfg.activation_bytes, cluster.collective_streams,
-                         record=trace_out is not None and draw == 0, tie_bytes=tie_factor * tie_bytes,
+    for draw in range(NOISE_DRAWS if noise else 1):  # with noise, the median over several runs
+        sim = Simulation(sched, fabric if draw == 0 else new_fabric(), stages, cfg.activation_bytes,
+                         cluster.collective_streams, record=trace_out is not None and draw == 0, tie_bytes=tie_factor * tie_bytes,
                          send_buffer=calibration.send_buffer if calibration is not None else None,
                          noise=noise, draw=draw)
         sim.run()
