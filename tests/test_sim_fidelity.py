@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from trirace.comm import make_policy
 from trirace.config import make_config
 from trirace.errors import UsageError
+from trirace.models.build import layer_param_numels
 from trirace.plan import Layout, build_schedule
 from trirace.plan.topology import Link, Topology
 from trirace.runtime.calibrate import compute_now, cpu_contention, layer_times, link_share, probe_pair
@@ -374,6 +375,11 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
            "seq_len": 64, "steps": 6, "partition": [4, 3], "rank_order": "dp-inner", "seed": 0, "optimizer": "adam"}
     measured = [{"system": p, "step_time_s": 0.5, "round_steps_s": [0.5, 0.5, 0.5], "exposed_p2p_s": 0.1,
                  "exposed_allreduce_s": 0.0} for p in ("blocking", "trirace")]
+    # trirace's run measured each stage's compute at twice the calibration's (and the
+    # optimizer as modelled); blocking's row is from a file that did not record it
+    numels = layer_param_numels(make_config(job).spec)
+    opt = [1e-9 * sum(sum(numels[i]) for i in layers) for layers in (range(0, 4), range(4, 7))]
+    measured[1]["compute_cpu_s"] = [2 * 2 * 4 * 0.03 + opt[0], 2 * 2 * 3 * 0.03 + opt[1]]
     payload = {"rounds": 3, "steps": 6, "cells": [{"name": "2x1 @ 100mbit", "cluster": [2, 1, "100mbit"],
                                                    "config": job, "calibration": str(saved / "cal.json"),
                                                    "measured": measured, "compute_s": [0.2, 0.25]}]}
@@ -389,12 +395,20 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     assert got["trirace"]["predicted_s"] == pytest.approx(expect)
     assert got["trirace"]["error"] == pytest.approx(expect / 0.5 - 1)
     assert got["trirace"]["folded_error"] == pytest.approx(folded / 0.5 - 1) and folded != expect
+    twice = Calibration("gpt-test", 2, 64, 1, [0.02] * 7, [0.04] * 7, 1e-9, "testbed", cpu_throughput=[0.9, 1.8],
+                        compute_spread=[0.02, 0.1], transfer_cpu={"inter": {"per_message_s": 2e-4, "per_byte_s": 1e-9}})
+    at_run = simulate(make_config(job), load_cluster("testbed", 2, 1, "100mbit"), "trirace", twice).iteration_time_s
+    assert got["trirace"]["run_compute_error"] == pytest.approx(at_run / 0.5 - 1) and at_run > 1.5 * expect
+    assert got["trirace"]["run_compute"] == pytest.approx(2, rel=0.01) and "run_compute" not in got["blocking"]
     (saved / "single.json").write_text(json.dumps({"results": []}))  # a one-cell file from before --matrix
     with pytest.raises(SystemExit):
         sim_accuracy.main(["--resimulate", str(saved / "single.json"), "--out", str(out)])
     md = (out / "accuracy.md").read_text()
     assert "| cal.json | 0.210 | 0.90 1.80 | 2% 10% | 0.20 / 1.00 | - |" in md and (out / "accuracy.png").stat().st_size > 0
     assert "With the replicas folded into one per stage: " in md
+    assert f"| {100 * (at_run / 0.5 - 1):+.1f}% (2.00x) |" in md  # blocking's row: "| - |"
+    within = int(abs(at_run / 0.5 - 1) <= 0.05)
+    assert f"With compute at the speed the run measured (the host's drift set apart): {within} of 1 predictions" in md
     assert "| 2x1 @ 100mbit | 0.210 / 0.200 / 0.250 |" in md  # the host's speed beside the calibration's
 
 

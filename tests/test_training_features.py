@@ -222,3 +222,38 @@ def test_a_run_reports_its_own_peak_memory_not_an_earlier_runs():
     _reset_peak_rss()
     after = _peak_rss_mb()
     assert before - after > 250, (before, after)
+
+
+_JOBS_IN_ONE_WORKER = r"""
+import json, os, sys, torch, torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+from trirace.config import make_config
+from pathlib import Path
+from trirace.runtime.worker import run_jobs
+rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+cfg = make_config(dict(model="gpt-test", data="synthetic", steps=2, micro_batch_size=2, seq_len=32, pp=2, dp=1,
+                       micro_batches=2, progress=False, probe=True, eval_every=1, eval_batches=1))
+after = []
+for system in ("trirace", "torch-1f1b", "trirace", "trirace"):
+    run_jobs([{"system": system, "config": cfg.model_dump(mode="json")}], Path(out).parent)
+    after.append({"groups": len(c10d._world.pg_map), "threads": len(os.listdir("/proc/self/task"))})
+if rank == 0:
+    json.dump(after, open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+def test_a_worker_keeps_nothing_of_its_finished_jobs(tmp_path):
+    """Jobs run one after another in one set of processes (run_local: tests, benches) each
+    start clean: every process group a job (its link probe, its evaluation, the torch peer)
+    created is destroyed, and its threads are gone, so the fourth job does not run beside
+    three jobs' leftovers. (Before: 15-18 gloo threads and ~200 MB kept per gpt-tiny job.)"""
+    out = tmp_path / "after.json"
+    procs = [subprocess.Popen([sys.executable, "-c", _JOBS_IN_ONE_WORKER, str(r), str(tmp_path / "store"), str(out)])
+             for r in range(2)]
+    assert [p.wait(timeout=240) for p in procs] == [0, 0]
+    after = json.loads(out.read_text())
+    assert [a["groups"] for a in after] == [1] * 4  # the default group alone
+    assert len({a["threads"] for a in after}) == 1, after

@@ -60,6 +60,7 @@ class Result:
     exposed_p2p_s: float | None
     exposed_allreduce_s: float | None
     losses: list[float]
+    compute_cpu_s: list[float] | None = None  # per rank, the median step's compute CPU (the peer measures none)
 
 
 @contextmanager
@@ -136,7 +137,8 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
         med = lambda k: statistics.median(r[k] for r in rows[s]) if k in rows[s][0] else None  # noqa: E731
         b = bounds[s].seconds
         results.append(Result(s, base.tokens_per_step / step[s], step[s], per_round[s], b, b / step[s],
-                              ref / step[s], med("exposed_p2p_s"), med("exposed_allreduce_s"), losses[s]))
+                              ref / step[s], med("exposed_p2p_s"), med("exposed_allreduce_s"), losses[s],
+                              _compute_cpu(rows[s]) if s in measured else None))
     return {"config": {**base.model_dump(mode="json", exclude={"topology"}), "cluster": asdict(cluster),
                        "rounds": rounds, "warmup_steps": WARMUP_STEPS, "drain_steps": DRAIN_STEPS,
                        "lower_bound": {**asdict(reference), "binding": reference.binding,
@@ -158,10 +160,14 @@ def _link_load(cfg: TrainConfig, topo: Topology, rows: list[dict]) -> dict[tuple
     return plan_link_bytes(plan, cfg.micro_batches, cfg.activation_bytes, sent)
 
 
+def _compute_cpu(rows: list[dict]) -> list[float]:
+    """Each rank's compute CPU seconds in its median step."""
+    return [statistics.median(r["rank_compute_cpu_s"][i] for r in rows) for i in range(len(rows[0]["rank_compute_cpu_s"]))]
+
+
 def _bound(cfg: TrainConfig, topo: Topology, rows: list[dict], load: dict[tuple[int, str], float]) -> Bound:
     """From one system's own per-rank compute CPU time and the links' load."""
-    per_rank = [statistics.median(r["rank_compute_cpu_s"][i] for r in rows) for i in range(cfg.world_size)]
-    return lower_bound(per_rank, os.cpu_count() or 1, load, topo)
+    return lower_bound(_compute_cpu(rows), os.cpu_count() or 1, load, topo)
 
 
 def markdown(payload: dict) -> str:

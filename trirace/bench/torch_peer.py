@@ -44,7 +44,7 @@ def run_peer(cfg: TrainConfig) -> list[dict] | None:
     layout = _layout(cfg, sizes)
     rank = dist.get_rank()
     stage, replica = layout.coords(rank)
-    pipe_group, dp_group = _make_groups(layout, stage, replica, device)
+    pipe_group, dp_group, groups = _make_groups(layout, stage, replica, device)
 
     model = nn.Sequential(*build_layers(cfg.spec, cfg.seed, stage_ranges(sizes)[stage])).to(device)
     is_first, is_last = stage == 0, stage == cfg.pp - 1
@@ -99,6 +99,8 @@ def run_peer(cfg: TrainConfig) -> list[dict] | None:
             if report:  # the step ends once its loss is known: trirace's rows time the same span
                 report.step(t, time.perf_counter(), {"loss": loss, "comm_policy": SYSTEM})
     dist.barrier()
+    for g in groups:  # a worker may run more jobs: keep none of this one's (non-members' are no-ops)
+        dist.destroy_process_group(g)
     return report.finish() if report else None
 
 
@@ -141,9 +143,9 @@ def _layout(cfg: TrainConfig, sizes: list[int]) -> Layout:
 
 
 def _make_groups(layout: Layout, stage: int, replica: int,
-                 device: torch.device) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
+                 device: torch.device) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None, list]:
     """Every replica's pipeline group, then every stage's replica group, created on all ranks
-    in this one order (new_group is collective over the world). Returns mine."""
+    in this one order (new_group is collective over the world). Returns mine, and all."""
     pipes = [dist.new_group([layout.rank(s, r) for s in range(layout.pp)]) for r in range(layout.dp)]
     dps = [dist.new_group(layout.dp_group(s)) for s in range(layout.pp)]
     pipe = pipes[replica]
@@ -154,7 +156,7 @@ def _make_groups(layout: Layout, stage: int, replica: int,
     dp = dps[stage] if layout.dp > 1 else None
     if dp is not None:  # create the communicator now, not inside step 0's timing
         dist.all_reduce(torch.ones(1, device=device), group=dp)
-    return pipe, dp
+    return pipe, dp, pipes + dps
 
 
 def _example_args(cfg: TrainConfig, is_first: bool, is_last: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -77,6 +77,19 @@ class Groups:
         """The one rank that prints progress and writes metrics: last stage, replica 0."""
         return self.stage == self.layout.pp - 1 and self.replica == 0
 
+    def communicators(self) -> list[Communicator]:
+        """Every communicator this rank is a member of, in creation order."""
+        every = [self.control, self.dp, self.tie, *(self.hierarchy.communicators() if self.hierarchy else []),
+                 *(c for c, _ in self.p2p.values()), self.norm, *(c for c, _ in self.eval_p2p.values())]
+        return list({id(c): c for c in every if c is not None}.values())
+
+    def release(self) -> None:
+        """Destroy every process group of this job, once all its ops are complete (after
+        the last barrier). A worker that runs several jobs (run_local) would otherwise keep
+        each job's groups, their threads and their buffers, for good."""
+        for c in self.communicators():
+            dist.destroy_process_group(c.group)
+
     def reduction_communicators(self) -> list[Communicator]:
         """What the gradient reduction issues on (owned by its launcher thread)."""
         return ([self.dp] if self.dp else []) + (self.hierarchy.communicators() if self.hierarchy else [])
@@ -92,7 +105,7 @@ def make_groups(plan: JobPlan, device: torch.device, control: Communicator, eval
         return Communicator(name, sorted(members), group, device, log, timeout) if rank in members else None
 
     stage, replica = L.coords(rank)
-    dps = [comm(f"dp/s{s}", L.dp_group(s)) for s in range(L.pp)]
+    dps = [comm(f"dp/s{s}", L.dp_group(s)) for s in range(L.pp)] if L.dp > 1 else []  # (every rank agrees)
     p2p: dict[Op, tuple[Communicator, int]] = {}
     for a, b in L.p2p_pairs():  # a runs stage s, b stage s + 1
         fwd, bwd = comm(f"fwd/{a}>{b}", [a, b]), comm(f"bwd/{b}>{a}", [a, b])

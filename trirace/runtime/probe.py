@@ -79,5 +79,7 @@ def probe_links(topo: Topology, device: torch.device, large_bytes: int = 2 << 20
         control.barrier()
     box = [measured]
     control.broadcast_object(box, src=0)
+    for c in comms.values():  # done with: a worker running many jobs would keep them all
+        dist.destroy_process_group(c.group)
     got = box[0]
     return replace(topo, intra=got.get(INTRA, topo.intra), inter=got.get(INTER, topo.inter))

@@ -226,6 +226,7 @@ class Trainer:
             if cfg.trace_out is not None:
                 _write_trace(cfg.trace_out, rec, t_start, g)
             g.control.barrier()
+            g.release()
             return report.finish() if report else None
         finally:
             self.log.close()
