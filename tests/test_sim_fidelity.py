@@ -7,6 +7,7 @@ chunk sizes and the planner's explanation. Analytic cases where there is an answ
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 import json
 import os
 import shutil
@@ -407,6 +408,11 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     assert "| cal.json | 0.210 | 0.90 1.80 | 2% 10% | 0.20 / 1.00 | - |" in md and (out / "accuracy.png").stat().st_size > 0
     assert "With the replicas folded into one per stage: " in md
     assert f"| {100 * (at_run / 0.5 - 1):+.1f}% (2.00x) |" in md  # blocking's row: "| - |"
+    # compute measured alone around the cell: 0.225 s a micro-batch against the calibration's 0.21
+    host = simulate(make_config(job), load_cluster("testbed", 2, 1, "100mbit"), "trirace",
+                    replace(twice, forward_s=[0.01 * 0.225 / 0.21] * 7, backward_s=[0.02 * 0.225 / 0.21] * 7)).iteration_time_s
+    assert got["trirace"]["host_compute_error"] == pytest.approx(host / 0.5 - 1)
+    assert got["blocking"]["host_compute"] == pytest.approx(0.225 / 0.21)
     within = int(abs(at_run / 0.5 - 1) <= 0.05)
     assert f"With compute at the speed the run measured (the host's drift set apart): {within} of 1 predictions" in md
     assert "| 2x1 @ 100mbit | 0.210 / 0.200 / 0.250 |" in md  # the host's speed beside the calibration's

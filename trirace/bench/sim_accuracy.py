@@ -116,9 +116,13 @@ def predict(cell: dict, where: Path) -> list[dict]:
         # the lockstep fold beside it: what simulating the replicas themselves changes
         folded = simulate(job, cluster, m["system"], cal, unfold=False)
         row = {}
+        if cell.get("compute_s"):  # (files from before stop 27 lack it)
+            at_host, speed = at_host_speed(cal, statistics.mean(cell["compute_s"]))
+            row = {"host_compute": speed,
+                   "host_compute_error": simulate(job, cluster, m["system"], at_host).iteration_time_s / m["step_time_s"] - 1}
         if m.get("compute_cpu_s"):  # (files from before stop 28 lack it)
             at_run, speed = at_run_speed(cal, job, m["compute_cpu_s"])
-            row = {"run_compute": speed,
+            row |= {"run_compute": speed,
                    "run_compute_error": simulate(job, cluster, m["system"], at_run).iteration_time_s / m["step_time_s"] - 1}
         rows.append({"policy": m["system"], "measured_s": m["step_time_s"], "predicted_s": pred.iteration_time_s,
                      "error": pred.iteration_time_s / m["step_time_s"] - 1,
@@ -128,6 +132,15 @@ def predict(cell: dict, where: Path) -> list[dict]:
                      "measured_exposed_allreduce_s": m["exposed_allreduce_s"],
                      "predicted_exposed_allreduce_s": pred.exposed_comm_s["allreduce"] + pred.exposed_comm_s["sparse"]})
     return rows
+
+
+def at_host_speed(cal: Calibration, seconds: float) -> tuple[Calibration, float]:
+    """`cal` with every layer's time scaled so that one micro-batch's forward and backward
+    takes `seconds`: the calibration's compute measured again, alone and the same way,
+    around the cell (the mean of before and after), and the ratio to the calibration's."""
+    scale = seconds / (sum(cal.forward_s) + sum(cal.backward_s))
+    return replace(cal, forward_s=[t * scale for t in cal.forward_s],
+                   backward_s=[t * scale for t in cal.backward_s]), scale
 
 
 def at_run_speed(cal: Calibration, job: TrainConfig, compute_cpu: list[float]) -> tuple[Calibration, float]:
@@ -160,25 +173,31 @@ def markdown(payload: dict, where: Path) -> str:
              f"{payload['rounds']} rounds x {payload['steps']} steps per policy per cell; error = predicted / "
              "measured - 1",
              "", "| cell | policy | measured step (s) | rounds' medians (s) | predicted step (s) | error "
-             "| error, replicas folded | error, compute at the run's speed (run's compute / calibration's) "
+             "| error, replicas folded | error, compute re-measured around the cell (its / calibration's) "
+             "| error, compute at the run's speed (run's / calibration's) "
              "| exposed P2P measured / predicted (s) | exposed AllReduce measured / predicted (s) |",
-             "|" + "---|" * 10]
-    errors, folded, at_run = [], [], []
+             "|" + "---|" * 11]
+    errors, folded, at_host, at_run = [], [], [], []
     for cell in payload["cells"]:
         for r in cell["results"]:
             errors.append(abs(r["error"]))
             folded.append(abs(r.get("folded_error", r["error"])))
-            run = "-"
+            host = run = "-"
+            if "host_compute_error" in r:
+                at_host.append(abs(r["host_compute_error"]))
+                host = f"{100 * r['host_compute_error']:+.1f}% ({r['host_compute']:.2f}x)"
             if "run_compute_error" in r:
                 at_run.append(abs(r["run_compute_error"]))
                 run = f"{100 * r['run_compute_error']:+.1f}% ({r['run_compute']:.2f}x)"
             lines.append(f"| {cell['name']} | {r['policy']} | {r['measured_s']:.3f} | "
                          f"{' '.join(f'{x:.3f}' for x in r['rounds_s'])} | {r['predicted_s']:.3f} | "
-                         f"{100 * r['error']:+.1f}% | {100 * r.get('folded_error', r['error']):+.1f}% | {run} | "
+                         f"{100 * r['error']:+.1f}% | {100 * r.get('folded_error', r['error']):+.1f}% | {host} | {run} | "
                          f"{r['measured_exposed_p2p_s']:.3f} / "
                          f"{r['predicted_exposed_p2p_s']:.3f} | {r['measured_exposed_allreduce_s']:.3f} / "
                          f"{r['predicted_exposed_allreduce_s']:.3f} |")
     lines += ["", summary(errors), f"With the replicas folded into one per stage: {summary(folded)}"]
+    if at_host:
+        lines.append(f"With compute re-measured alone around each cell: {summary(at_host)}")
     if at_run:
         lines.append(f"With compute at the speed the run measured (the host's drift set apart): {summary(at_run)}")
     return "\n".join(lines + ["", calibrations(payload, where)] + host_speed(payload, where))
