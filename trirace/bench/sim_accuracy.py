@@ -120,7 +120,7 @@ def predict(cell: dict, where: Path) -> list[dict]:
             at_host, speed = at_host_speed(cal, statistics.mean(cell["compute_s"]))
             row = {"host_compute": speed,
                    "host_compute_error": simulate(job, cluster, m["system"], at_host).iteration_time_s / m["step_time_s"] - 1}
-        if m.get("compute_cpu_s"):  # (files from before stop 28 lack it)
+        if m.get("compute_cpu_s") and job.partition:  # (files from before stop 28 lack it)
             at_run, speed = at_run_speed(cal, job, m["compute_cpu_s"])
             row |= {"run_compute": speed,
                    "run_compute_error": simulate(job, cluster, m["system"], at_run).iteration_time_s / m["step_time_s"] - 1}
