@@ -138,7 +138,7 @@ def at_host_speed(cal: Calibration, seconds: float) -> tuple[Calibration, float]
     """`cal` with every layer's time scaled so that one micro-batch's forward and backward
     takes `seconds`: the calibration's compute measured again, alone and the same way,
     around the cell (the mean of before and after), and the ratio to the calibration's."""
-    scale = seconds / (sum(cal.forward_s) + sum(cal.backward_s))
+    scale = seconds / cal.iteration_s
     return replace(cal, forward_s=[t * scale for t in cal.forward_s],
                    backward_s=[t * scale for t in cal.backward_s]), scale
 
@@ -213,7 +213,7 @@ def host_speed(payload: dict, where: Path) -> list[str]:
     for c in cells:
         cal = load_calibration(where / c["calibration"])
         before, after = c["compute_s"]
-        lines.append(f"| {c['name']} | {sum(cal.forward_s) + sum(cal.backward_s):.3f} / {before:.3f} / {after:.3f} |")
+        lines.append(f"| {c['name']} | {cal.iteration_s:.3f} / {before:.3f} / {after:.3f} |")
     return lines
 
 
@@ -234,7 +234,7 @@ def calibrations(payload: dict, where: Path) -> str:
     for name in dict.fromkeys(cell["calibration"] for cell in payload["cells"]):
         cal = load_calibration(where / name)
         cost = cal.transfer_cpu.get("inter", {})
-        lines.append(f"| {name} | {sum(cal.forward_s) + sum(cal.backward_s):.3f} | "
+        lines.append(f"| {name} | {cal.iteration_s:.3f} | "
                      f"{' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} | "
                      f"{' '.join(f'{x:.0%}' for x in cal.compute_spread) or '-'} | "
                      f"{1e3 * cost.get('per_message_s', 0):.2f} / {1e9 * cost.get('per_byte_s', 0):.2f} | "

@@ -64,6 +64,11 @@ class Calibration:
     host: str = ""
     version: int = VERSION
 
+    @property
+    def iteration_s(self) -> float:
+        """One micro-batch's forward and backward through the whole model."""
+        return sum(self.forward_s) + sum(self.backward_s)
+
     def check(self, spec: ModelSpec, batch: int, seq: int) -> None:
         if (self.model, self.micro_batch_size, self.seq_len) != (spec.name, batch, seq):
             raise UsageError(f"calibration is for {self.model} with micro-batches of {self.micro_batch_size} x "

@@ -83,7 +83,7 @@ class ComputeNoise:
         """From the calibration's measured spread; None where it measured none."""
         if calibration is None or not any(calibration.compute_spread):
             return None
-        iteration = sum(calibration.forward_s) + sum(calibration.backward_s)
+        iteration = calibration.iteration_s
         return cls(tuple(calibration.compute_spread), iteration, seed) if iteration > 0 else None
 
     def sampler(self, rank: int, draw: int = 0) -> Callable[[float, int], float]:
