@@ -26,13 +26,10 @@ from ..plan.topology import DEFAULT_INTRA, Link, Topology, parse_rate
 from ..runtime import run_local
 from ..runtime.launch import prepare
 from ..runtime.trainer import measure_layers
+from . import malloc
 
 SYSTEMS = ("blocking", "fifo", "priority", "trirace", "torch-1f1b")
 
-# Whatever one system gets, all get (design.md 4): glibc malloc churn otherwise costs
-# page faults per step. Set before the workers start, so every worker inherits them.
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "17179869184",
-              "MALLOC_TOP_PAD_": "268435456"}
 
 
 @dataclass(frozen=True)
@@ -96,7 +93,7 @@ def check(base: TrainConfig, cluster: Cluster) -> None:
 
 def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS, rounds: int = 3) -> dict:
     check(base, cluster)
-    os.environ.update(MALLOC_ENV)
+    malloc.use()  # before the workers start: every system's worker inherits it
     with _testbed(cluster) as (rank_command, rank_env, topo_file):
         nominal = _nominal_topology(cluster, base.world_size)
         base = prepare(base.model_copy(update={"topology": topo_file, "progress": False, "metrics_out": None,

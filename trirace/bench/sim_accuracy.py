@@ -15,7 +15,8 @@ Measurements are saved as each cell finishes, so a stopped matrix keeps what it 
 and `--resimulate` re-predicts them after a simulator change without measuring again.
 Each cell also records one micro-batch's compute before and after it, measured as the
 calibration measures it: the host's speed drifts (20% within an hour, stop 27), and a
-cell measured on a slower host than its calibration is predicted too fast. Writes
+cell measured on a slower host than its calibration is predicted too fast. Calibration,
+those timings and the runs share the bench's allocator settings (bench/malloc.py). Writes
 accuracy.json, accuracy.md and accuracy.png (predicted against measured) to --out.
 """
 
@@ -37,7 +38,7 @@ from ..runtime.calibrate import compute_now, profile
 from ..sim.calibration import Calibration, load_calibration
 from ..sim.cluster import load_cluster
 from ..sim.run import simulate
-from . import matrix, side_by_side
+from . import malloc, matrix, side_by_side
 
 POLICIES = ("blocking", "fifo", "priority", "trirace")
 TARGET = 0.05  # |predicted - measured| / measured, the issue's goal
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             cell["calibration"] = name
             cell["results"] = predict(cell, out)
     else:
+        malloc.use()  # the runs' allocator for the calibration and compute_now too (they time in this process)
         cfg = make_config({"steps": args.steps})
         cells = matrix.cells() if args.matrix else [side_by_side.Cluster(4, 1, args.link)]
         for c in cells:

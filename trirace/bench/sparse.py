@@ -28,12 +28,11 @@ from pathlib import Path
 import torch
 
 from ..comm.sparse import ALPHA_S, BYTES_PER_S, METHODS, breakdown, crossovers
+from . import malloc
 
 RUN = (*METHODS, "auto")
 # Keep freed buffers in the heap (as the training benchmarks do): otherwise every method's
 # temporaries are page-faulted in afresh on each call, and that, not the exchange, is timed.
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "17179869184",
-              "MALLOC_TOP_PAD_": "268435456"}
 
 
 def _grad(vocab: int, dim: int, density: float, rank: int, seed: int) -> torch.Tensor:
@@ -91,7 +90,7 @@ def measure(cfg: dict, workers: int, timeout_s: float) -> list[dict]:
         out = Path(tmp) / "rows.json"
         cmd = [sys.executable, "-m", "trirace.bench.sparse", "--_worker", json.dumps(cfg), str(workers),
                str(Path(tmp) / "store"), str(out)]
-        env = {**os.environ, **MALLOC_ENV}
+        env = {**os.environ, **malloc.ENV}
         procs = [subprocess.Popen([*cmd, str(r)], env=env) for r in range(workers)]
         deadline = time.monotonic() + timeout_s
         try:

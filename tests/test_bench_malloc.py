@@ -1,0 +1,46 @@
+"""The bench's allocator settings keep a step's re-allocated buffers resident: a 32 MiB
+tensor (gpt-tiny's logits) made and freed over and over stops faulting its pages in."""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from trirace.bench import malloc
+
+pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator settings")
+
+_LOOP = r"""
+import json, resource, sys, torch
+if sys.argv[1] == "use":
+    from trirace.bench import malloc
+    assert malloc.use()
+faults = []
+for _ in range(30):
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    x = torch.ones(4, 128, 16384)  # 32 MiB, touched
+    del x
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+print(json.dumps(faults))
+"""
+
+
+def _faults(how: str, extra_env: dict[str, str]) -> list[int]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", _LOOP, how], env={**env, **extra_env}, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    return json.loads(out)
+
+
+def test_glibcs_defaults_fault_a_32_mib_tensor_in_every_time():
+    steady = _faults("plain", {})[-10:]
+    assert min(steady) > 4096  # 8192 pages of 4 KiB each time
+
+
+@pytest.mark.parametrize("how", ["environment", "use"])
+def test_the_bench_settings_keep_it_resident(how):
+    faults = _faults(how, malloc.ENV if how == "environment" else {})
+    assert sum(faults[-10:]) < 2048, faults  # the heap reaches its size within the first few
