@@ -1,6 +1,7 @@
 """`trirace profile`: measure what the simulator needs, where the job will run.
 
-- per-layer forward and backward seconds of one micro-batch, with as many intra-op
+- per-layer forward and backward seconds of one micro-batch, timed in whole-model passes
+  as a pipeline runs them (runtime/profile.py), with as many intra-op
   threads as a worker of a pp x dp job gets here (runtime/worker.py's rule);
 - the optimizer step's seconds per parameter;
 - token-table rows a replica's step touches, on the job's own data;
@@ -30,9 +31,10 @@ import torch
 
 from ..config import TrainConfig
 from ..errors import UsageError
-from ..models import build_layers, lm_loss
+from ..models import build_layers
 from ..optim import make_optimizer, muon_matrices
 from ..sim.calibration import Calibration
+from .profile import pass_times
 from .trainer import batch_fn, sampler_for
 
 
@@ -49,30 +51,9 @@ def _best(fn, reps: int) -> float:
 def layer_times(cfg: TrainConfig, reps: int = 5) -> tuple[list[float], list[float], float]:
     """(forward_s per layer, backward_s per layer, optimizer seconds per parameter)."""
     spec = cfg.spec
-    layers = build_layers(spec, cfg.seed)
     inputs, targets = batch_fn(cfg, sampler_for(cfg))(0, 0)
-    acts = [inputs]
-    with torch.no_grad():
-        for layer in layers:
-            acts.append(layer(acts[-1]))
-    fwd, bwd = [], []
-    for i, layer in enumerate(layers):
-        x0 = acts[i]
-
-        def forward(x0=x0, layer=layer):
-            return layer(x0.detach().requires_grad_(x0.is_floating_point()))
-
-        def both(i=i, layer=layer, forward=forward):
-            y = forward()
-            if i == len(layers) - 1:
-                lm_loss(y, targets).backward()
-            else:
-                y.backward(torch.ones_like(y))
-            layer.zero_grad(set_to_none=True)
-        f = _best(forward, reps)
-        fb = _best(both, reps)
-        fwd.append(f)
-        bwd.append(max(fb - f, 0.0))
+    fwd, bwd = pass_times(spec, inputs, targets, cfg.seed, reps)
+    layers = build_layers(spec, cfg.seed)
     originals = [p for layer in layers for p in layer.parameters()]
     params = [torch.nn.Parameter(p.detach().clone()) for p in originals]
     for p in params:

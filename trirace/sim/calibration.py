@@ -3,7 +3,7 @@
 JSON, so it can be read, diffed and edited:
   model, micro_batch_size, seq_len   the shapes it was measured at (checked on use)
   threads                            intra-op threads per process during the measurement
-  forward_s, backward_s              per layer, one micro-batch (fastest of a few runs)
+  forward_s, backward_s              per layer, one micro-batch (fastest of a few whole-model passes)
   optimizer_s_per_param              the optimizer step over the measured parameters
   cluster                            the cluster preset it describes (it applies to no other)
   links                              {"intra"|"inter": {"bits_per_s", "latency_s"}} measured
