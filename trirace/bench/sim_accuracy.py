@@ -14,9 +14,9 @@ measured step times. Each row also gives the prediction with the replicas folded
 Measurements are saved as each cell finishes, so a stopped matrix keeps what it measured,
 and `--resimulate` re-predicts them after a simulator change without measuring again.
 Each cell also records one micro-batch's compute before and after it, measured as the
-calibration measures it: the host's speed drifts (20% within an hour, stop 27), and a
-cell measured on a slower host than its calibration is predicted too fast. Calibration,
-those timings and the runs share the bench's allocator settings (bench/malloc.py). Writes
+calibration measures it: a cell measured on a slower host than its calibration is
+predicted too fast (stop 28 saw 0.80-1.18x; stop 29 found most of that in the allocator,
+and calibration, those timings and the runs now share its settings, bench/malloc.py). Writes
 accuracy.json, accuracy.md and accuracy.png (predicted against measured) to --out.
 """
 
@@ -149,11 +149,11 @@ def at_run_speed(cal: Calibration, job: TrainConfig, compute_cpu: list[float]) -
     """`cal` with each stage's layer times scaled so that a step's compute (m forwards and
     backwards, and the optimizer as modelled) takes the CPU time the run itself measured
     for that stage (the median over its ranks), and the ratio of the run's compute to the
-    calibration's over the whole pipeline. This host's speed drifts by more than the 5%
-    goal within minutes (accuracy.md's last table), so a prediction from a calibration
-    taken earlier mixes that drift into the model's error; this one takes only the
-    compute's speed from the run (links, contention, spread and shares stay measured by
-    the calibration), to show the model's error apart from the drift."""
+    calibration's over the whole pipeline. A run's compute costs more CPU than the
+    calibration's timing of the same layers (1.06-1.26x at 866bbef), so a prediction from
+    the calibration mixes that into the model's error; this one takes only the compute's
+    speed from the run (links, contention, spread and shares stay measured by the
+    calibration), to show the communication and contention model's error apart from it."""
     layout = Layout(job.pp, job.dp, job.rank_order)
     numels = layer_param_numels(job.spec)
     fwd, bwd = list(cal.forward_s), list(cal.backward_s)
