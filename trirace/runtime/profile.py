@@ -19,8 +19,8 @@ def pass_times(spec: ModelSpec, inputs: torch.Tensor, targets: torch.Tensor, see
     with every gradient accumulating in place into an existing buffer, as the runtime's
     flat gradient buffers do, and each backward fed the gradient the next layer really
     returned. Each layer's fastest of `reps` passes after a warm-up pass: the minimum is
-    the least noisy estimate on a shared CPU. (On gpt-tiny this moved the layer times by
-    at most a few percent from timing each layer alone: stop 29.)"""
+    the least noisy estimate on a shared CPU. (On gpt-tiny that moved stage 0's layer
+    times by up to 5% from timing each layer alone, about the run-to-run noise: stop 29.)"""
     layers = build_layers(spec, seed)
     for p in (p for layer in layers for p in layer.parameters()):
         p.grad = torch.zeros_like(p)
