@@ -25,8 +25,8 @@ from ..plan.job import plan_job
 from ..plan.topology import DEFAULT_INTRA, Link, Topology, parse_rate
 from ..runtime import run_local
 from ..runtime.launch import prepare
+from ..runtime import allocator
 from ..runtime.trainer import measure_layers
-from . import malloc
 
 SYSTEMS = ("blocking", "fifo", "priority", "trirace", "torch-1f1b")
 
@@ -93,7 +93,7 @@ def check(base: TrainConfig, cluster: Cluster) -> None:
 
 def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS, rounds: int = 3) -> dict:
     check(base, cluster)
-    malloc.use()  # before the workers start: every system's worker inherits it
+    allocator.use()  # before the workers start: every system's worker inherits it
     with _testbed(cluster) as (rank_command, rank_env, topo_file):
         nominal = _nominal_topology(cluster, base.world_size)
         base = prepare(base.model_copy(update={"topology": topo_file, "progress": False, "metrics_out": None,

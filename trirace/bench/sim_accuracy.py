@@ -16,7 +16,7 @@ and `--resimulate` re-predicts them after a simulator change without measuring a
 Each cell also records one micro-batch's compute before and after it, measured as the
 calibration measures it: a cell measured on a slower host than its calibration is
 predicted too fast (stop 28 saw 0.80-1.18x; stop 29 found most of that in the allocator,
-and calibration, those timings and the runs now share its settings, bench/malloc.py). Writes
+and calibration, those timings and the runs now share its settings, runtime/allocator.py). Writes
 accuracy.json, accuracy.md and accuracy.png (predicted against measured) to --out.
 """
 
@@ -34,11 +34,12 @@ from ..config import TrainConfig, make_config
 from ..models.build import layer_param_numels
 from ..plan.layout import Layout
 from ..plan.partition import stage_ranges
+from ..runtime import allocator
 from ..runtime.calibrate import compute_now, profile
 from ..sim.calibration import Calibration, load_calibration
 from ..sim.cluster import load_cluster
 from ..sim.run import simulate
-from . import malloc, matrix, side_by_side
+from . import matrix, side_by_side
 
 POLICIES = ("blocking", "fifo", "priority", "trirace")
 TARGET = 0.05  # |predicted - measured| / measured, the issue's goal
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             cell["calibration"] = name
             cell["results"] = predict(cell, out)
     else:
-        malloc.use()  # the runs' allocator for the calibration and compute_now too (they time in this process)
+        allocator.use()  # the runs' allocator for the calibration and compute_now too (they time in this process)
         cfg = make_config({"steps": args.steps})
         cells = matrix.cells() if args.matrix else [side_by_side.Cluster(4, 1, args.link)]
         for c in cells:

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from ..comm.sparse import ALPHA_S, BYTES_PER_S, METHODS, breakdown, crossovers
-from . import malloc
+from ..runtime import allocator
 
 RUN = (*METHODS, "auto")
 # Keep freed buffers in the heap (as the training benchmarks do): otherwise every method's
@@ -90,7 +90,7 @@ def measure(cfg: dict, workers: int, timeout_s: float) -> list[dict]:
         out = Path(tmp) / "rows.json"
         cmd = [sys.executable, "-m", "trirace.bench.sparse", "--_worker", json.dumps(cfg), str(workers),
                str(Path(tmp) / "store"), str(out)]
-        env = {**os.environ, **malloc.ENV}
+        env = {**allocator.ENV, **os.environ}  # the user's own settings win, as in allocator.use()
         procs = [subprocess.Popen([*cmd, str(r)], env=env) for r in range(workers)]
         deadline = time.monotonic() + timeout_s
         try:

@@ -34,6 +34,7 @@ from ..errors import UsageError
 from ..models import build_layers
 from ..optim import make_optimizer, muon_matrices
 from ..sim.calibration import Calibration
+from . import allocator
 from .profile import pass_times
 from .trainer import batch_fn, sampler_for
 
@@ -322,6 +323,7 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
 
     threads = max(1, (os.cpu_count() or 1) // cfg.world_size)  # as runtime/worker.py gives each rank
     torch.set_num_threads(threads)
+    allocator.use()  # as the ranks allocate, here and in the probes' processes
     fwd, bwd, per_param = layer_times(cfg)
     probes = {}
     if intra:

@@ -25,7 +25,7 @@ from .. import preflight
 from ..errors import Diverged, UsageError
 from ..plan.memory import check_memory
 from ..plan.topology import load_topology
-from . import checkpoint
+from . import allocator, checkpoint
 from .trainer import RankFailed, Trainer, plan_partition, sampler_for
 
 
@@ -74,6 +74,7 @@ def train(cfg: TrainConfig, model=None) -> list[dict] | None:
         if world != cfg.world_size:
             raise UsageError(f"pp x dp = {cfg.pp} x {cfg.dp} = {cfg.world_size} but torchrun started {world} ranks")
         preflight.train_outputs(cfg)
+        allocator.use()  # this process is a rank, as a local worker is (runtime/worker.py)
         backend = resolve_backend(cfg.backend, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         if cfg.memory_check:
             check_memory(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), on_gpu=backend == "nccl")

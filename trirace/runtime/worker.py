@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from ..config import TrainConfig
 from ..errors import Diverged
+from . import allocator
 from .launch import quit_now
 from .trainer import RankFailed, Trainer
 
@@ -51,6 +52,7 @@ def run_jobs(jobs: list[dict], out: Path) -> None:
 
 def main(argv: list[str]) -> int:
     jobs_file, rank, world, store, out = argv[0], int(argv[1]), int(argv[2]), argv[3], Path(argv[4])
+    allocator.use()  # before the job allocates anything it will free and allocate again
     # Processes share the cores: one intra-op thread each unless cores are plentiful.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     os.environ.setdefault("LOCAL_RANK", str(rank))
