@@ -5,6 +5,7 @@ references in test_equivalence.py."""
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -209,18 +210,27 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
         opt.load_state_dict({"parts": [{}]})
 
 
+_PEAK_RESET = r"""
+import json
+from trirace.runtime.trainer import _peak_rss_mb, _reset_peak_rss
+block = bytearray(300 << 20)  # one mmap under glibc's defaults: returned to the kernel when freed
+block[::4096] = b"\1" * len(block[::4096])
+del block
+before = _peak_rss_mb()
+_reset_peak_rss()
+print(json.dumps([before, _peak_rss_mb()]))
+"""
+
+
 def test_a_run_reports_its_own_peak_memory_not_an_earlier_runs():
     """Workers run several jobs one after another (run_local): each Trainer restarts the
     kernel's high-water mark, so a later job does not report a transient peak of an earlier
-    one. Checked on this process: 300 MB touched and freed, then the reset."""
-    from trirace.runtime.trainer import _peak_rss_mb, _reset_peak_rss
-
-    block = bytearray(300 << 20)  # one mmap: returned to the kernel when freed
-    block[::4096] = b"\1" * len(block[::4096])
-    del block
-    before = _peak_rss_mb()
-    _reset_peak_rss()
-    after = _peak_rss_mb()
+    one. Checked in a fresh process on glibc's defaults (this one may have taken the ranks'
+    allocator settings, which keep freed memory): 300 MB touched and freed, then the reset."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", _PEAK_RESET], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    before, after = json.loads(out)
     assert before - after > 250, (before, after)
 
 
