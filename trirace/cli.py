@@ -192,6 +192,9 @@ def _train(args: argparse.Namespace) -> int:
     cfg = _config(args)
     if args.dry_run:
         return _show_plan(cfg, as_json=False)
+    from .runtime import allocator
+
+    allocator.use()  # the launcher times layers for the partition as the ranks will run them
     try:
         train(cfg)
         if under_torchrun():  # this process is a rank: done, so skip the interpreter's teardown

@@ -23,13 +23,11 @@ from ..errors import UsageError
 from ..plan.bounds import DRAIN_STEPS, WARMUP_STEPS, Bound, lower_bound, plan_link_bytes, steady_steps
 from ..plan.job import plan_job
 from ..plan.topology import DEFAULT_INTRA, Link, Topology, parse_rate
-from ..runtime import run_local
+from ..runtime import allocator, run_local
 from ..runtime.launch import prepare
-from ..runtime import allocator
 from ..runtime.trainer import measure_layers
 
 SYSTEMS = ("blocking", "fifo", "priority", "trirace", "torch-1f1b")
-
 
 
 @dataclass(frozen=True)

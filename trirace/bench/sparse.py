@@ -31,8 +31,6 @@ from ..comm.sparse import ALPHA_S, BYTES_PER_S, METHODS, breakdown, crossovers
 from ..runtime import allocator
 
 RUN = (*METHODS, "auto")
-# Keep freed buffers in the heap (as the training benchmarks do): otherwise every method's
-# temporaries are page-faulted in afresh on each call, and that, not the exchange, is timed.
 
 
 def _grad(vocab: int, dim: int, density: float, rank: int, seed: int) -> torch.Tensor:
@@ -90,6 +88,8 @@ def measure(cfg: dict, workers: int, timeout_s: float) -> list[dict]:
         out = Path(tmp) / "rows.json"
         cmd = [sys.executable, "-m", "trirace.bench.sparse", "--_worker", json.dumps(cfg), str(workers),
                str(Path(tmp) / "store"), str(out)]
+        # Freed buffers stay in the heap (as in the training benchmarks): otherwise every method's
+        # temporaries are page-faulted in afresh on each call, and that, not the exchange, is timed.
         env = {**allocator.ENV, **os.environ}  # the user's own settings win, as in allocator.use()
         procs = [subprocess.Popen([*cmd, str(r)], env=env) for r in range(workers)]
         deadline = time.monotonic() + timeout_s

@@ -5,7 +5,8 @@ benchmark gets, all get (design.md 4), and the calibration times what the runs r
 glibc gives big requests their own mmap and hands freed memory back to the kernel, so a
 step that frees and re-allocates the same buffers faults their pages in afresh each time
 (~0.4 CPU-s per step for the torch peer). These settings keep freed memory in the
-process: no mmap per request, no trim below 1 GiB, a 256 MiB pad whenever the heap grows.
+process: no mmap per request (in the main arena), no trim below 1 GiB, a 256 MiB pad
+whenever the heap grows.
 
 "No mmap" replaced an mmap threshold of 32 MiB, the largest glibc accepts. gpt-tiny's
 logits (4 x 128 x 16384 fp32) are exactly 32 MiB, so they were still mapped and faulted
@@ -17,7 +18,9 @@ memory per rank (886-893 -> 1067-1140 MB).
 
 The environment variables reach processes started after `use()`; `mallopt` sets the
 same for the running process. A variable the user set is left alone: glibc read it when
-the process started.
+the process started. `TRIRACE_MALLOC=off` leaves the allocator as glibc set it up. (Only
+the main arena never maps: a request over 64 MiB from another thread still gets its own
+mapping, glibc's arenas being at most that large.)
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ _OPTION = {"MALLOC_MMAP_MAX_": -4, "MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD
 
 def use() -> bool:
     """These settings for this process and every process it starts from now on, except
-    those the environment already sets. False where the C library is not glibc (the
-    variables then mean nothing either) or an option was refused."""
+    those the environment already sets. False where TRIRACE_MALLOC=off, where the C
+    library is not glibc (the variables then mean nothing either) or an option was refused."""
+    if os.environ.get("TRIRACE_MALLOC") == "off":
+        return False
     mine = {k: v for k, v in ENV.items() if k not in os.environ}
     os.environ.update(mine)
     if platform.libc_ver()[0] != "glibc":

@@ -1,5 +1,5 @@
-"""Per-layer compute time, measured on the spot: for the partitioner, and for the
-simulator's calibration (runtime/calibrate.py)."""
+"""Per-layer compute time, measured on the spot: for the simulator's calibration
+(pass_times, runtime/calibrate.py) and for the partitioner (profile_layers)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ def pass_times(spec: ModelSpec, inputs: torch.Tensor, targets: torch.Tensor, see
     caches the previous one left rather than its own weights from the last repetition,
     with every gradient accumulating in place into an existing buffer, as the runtime's
     flat gradient buffers do, and each backward fed the gradient the next layer really
-    returned. Each layer's fastest of `reps` passes after a warm-up pass: the minimum is
-    the least noisy estimate on a shared CPU. (On gpt-tiny that moved stage 0's layer
+    returned. Each layer's fastest of `reps + 1` passes (the first warms caches and the
+    allocator, and is rarely the fastest): the minimum is the least noisy estimate on a
+    shared CPU. It holds a whole pass's activations and every layer's gradient at once:
+    `trirace profile` runs it, not every training start. (On gpt-tiny that moved stage 0's layer
     times by up to 5% from timing each layer alone, about the run-to-run noise: stop 29.)"""
     layers = build_layers(spec, seed)
     for p in (p for layer in layers for p in layer.parameters()):
@@ -38,7 +40,7 @@ def pass_times(spec: ModelSpec, inputs: torch.Tensor, targets: torch.Tensor, see
         grad = None
         for i in reversed(range(len(layers))):
             t0 = time.perf_counter()
-            if grad is None:
+            if i == len(layers) - 1:
                 loss(outs[i], targets).backward()
             else:
                 outs[i].backward(grad)
@@ -49,5 +51,28 @@ def pass_times(spec: ModelSpec, inputs: torch.Tensor, targets: torch.Tensor, see
 
 def profile_layers(spec: ModelSpec, inputs: torch.Tensor, targets: torch.Tensor, seed: int,
                    reps: int = 3) -> list[float]:
-    """Seconds of forward + backward per layer on one micro-batch (pass_times)."""
-    return [f + b for f, b in zip(*pass_times(spec, inputs, targets, seed, reps))]
+    """Seconds of forward + backward per layer on one micro-batch (the fastest of `reps`
+    runs after a warm-up, since the minimum is the least noisy estimate on a shared CPU),
+    for the partitioner. One layer's graph at a time: every rank 0 runs this on the
+    whole model before training, where pass_times' memory (a whole pass's activations
+    and every gradient) could be more than the host has."""
+    layers = build_layers(spec, seed)
+    acts = [inputs]
+    with torch.no_grad():
+        for layer in layers:
+            acts.append(layer(acts[-1]))
+    times = []
+    for i, layer in enumerate(layers):
+        best = float("inf")
+        for _ in range(reps + 1):
+            x = acts[i].detach().requires_grad_(acts[i].is_floating_point())
+            t0 = time.perf_counter()
+            y = layer(x)
+            if i == len(layers) - 1:
+                loss_of(spec)(y, targets).backward()
+            else:
+                y.backward(torch.ones_like(y))
+            best = min(best, time.perf_counter() - t0)
+            layer.zero_grad(set_to_none=True)
+        times.append(best)
+    return times

@@ -3,12 +3,11 @@ import sys; sys.path.insert(0, ".")
 from pathlib import Path
 from trirace.config import make_config
 from trirace.bench import side_by_side as S
-from trirace.runtime import run_local
+from trirace.runtime import allocator, run_local
 from trirace.runtime.launch import prepare
-import os
 link, nodes, rpn = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 out = Path(sys.argv[4]); pols = sys.argv[5].split(",")
-os.environ.update(S.MALLOC_ENV)
+allocator.use()  # the bench's allocator settings (S.MALLOC_ENV when this ran at 7f57755)
 cl = S.Cluster(nodes, rpn, link)
 base = make_config({"steps": 8, "partition": [6, 1], "rank_order": sys.argv[6]})
 with S._testbed(cl) as (rc, re_, topo):
