@@ -90,8 +90,8 @@ def measure(cfg: dict, workers: int, timeout_s: float) -> list[dict]:
                str(Path(tmp) / "store"), str(out)]
         # Freed buffers stay in the heap (as in the training benchmarks): otherwise every method's
         # temporaries are page-faulted in afresh on each call, and that, not the exchange, is timed.
-        env = {**allocator.ENV, **os.environ}  # the user's own settings win, as in allocator.use()
-        procs = [subprocess.Popen([*cmd, str(r)], env=env) for r in range(workers)]
+        allocator.use()  # the workers inherit it
+        procs = [subprocess.Popen([*cmd, str(r)]) for r in range(workers)]
         deadline = time.monotonic() + timeout_s
         try:
             for r, p in enumerate(procs):

@@ -29,10 +29,9 @@ import ctypes
 import os
 import platform
 
-TRIM_THRESHOLD = 1 << 30  # mallopt takes an int: at most 2 GiB
-TOP_PAD = 256 << 20
-ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD), "MALLOC_TOP_PAD_": str(TOP_PAD)}
-_OPTION = {"MALLOC_MMAP_MAX_": -4, "MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD_": -2}  # glibc's malloc.h
+# variable: (mallopt option in glibc's malloc.h, value); mallopt takes an int: at most 2 GiB
+_SETTINGS = {"MALLOC_MMAP_MAX_": (-4, 0), "MALLOC_TRIM_THRESHOLD_": (-1, 1 << 30), "MALLOC_TOP_PAD_": (-2, 256 << 20)}
+ENV = {k: str(value) for k, (_, value) in _SETTINGS.items()}
 
 
 def use() -> bool:
@@ -46,4 +45,4 @@ def use() -> bool:
     if platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(None)
-    return all(libc.mallopt(_OPTION[k], int(v)) == 1 for k, v in mine.items())
+    return all(libc.mallopt(*_SETTINGS[k]) == 1 for k in mine)
