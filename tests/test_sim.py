@@ -258,6 +258,9 @@ def test_profile_measures_layers_and_loopback(tmp_path):
     assert cal.links["intra"]["bits_per_s"] > 1e8
     assert list(cal.rows_touched.values())[0] > 0
     assert len(cal.cpu_throughput) == 2 and set(cal.transfer_cpu) == {"intra"} and cal.send_buffer == {}
+    # a byte's cost beside computation (what the simulator charges) and alone (the record)
+    assert set(cal.transfer_cpu["intra"]) == {"per_message_s", "per_byte_s", "per_byte_idle_s"}
+    assert 0 <= cal.transfer_cpu["intra"]["per_byte_s"] < 1e-6
 
 
 def test_simulate_cli_json_has_every_policy(tmp_path):

@@ -374,7 +374,7 @@ def _profile(args: argparse.Namespace) -> int:
                       for k, v in cal.links.items())
     shared = ""
     if cal.cpu_throughput:
-        costs = "; ".join(f"{k} {v['per_message_s'] * 1e6:.0f} us/message + {v['per_byte_s'] * 1e9:.2f} ns/byte"
+        costs = "; ".join(f"{k} {v['per_message_s'] * 1e6:.0f} us/message + {v['per_byte_s'] * 1e9:.2f} ns/byte beside computation"
                           for k, v in cal.transfer_cpu.items())
         shared = (f"; shared cores do {' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} x one rank's work with "
                   f"1..{len(cal.cpu_throughput)} ranks computing, an iteration's time varying by "

@@ -233,7 +233,7 @@ def calibrations(payload: dict, where: Path) -> str:
     from one of them can be closer than."""
     lines = ["| calibration | forward + backward per micro-batch (s) | work done by 1..k ranks at once "
              "(x one rank's best) | an iteration's spread with 1..k at once | inter-node transfer CPU per message "
-             "(ms) / per MB (ms) | first of two activations' share of the uplink |", "|---|---|---|---|---|---|"]
+             "(ms) / per MB beside computation (ms) | first of two activations' share of the uplink |", "|---|---|---|---|---|---|"]
     for name in dict.fromkeys(cell["calibration"] for cell in payload["cells"]):
         cal = load_calibration(where / name)
         cost = cal.transfer_cpu.get("inter", {})

@@ -10,8 +10,9 @@
   and on this host's loopback for the intra-node link;
 - where the ranks share this host's cores (the testbed), what they cost each other
   (sim/host.py): the work k processes computing at once get done, for k up to the
-  job's ranks, and the CPU seconds a transfer costs both ends, per message and per byte,
-  on the same pairs as the link probe.
+  job's ranks, and the CPU seconds a transfer costs both ends, per message (on the same
+  pairs as the link probe) and per byte (as the work computation beside it loses:
+  transfer_beside_compute).
 """
 
 from __future__ import annotations
@@ -252,6 +253,116 @@ def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float 
     return Contention(out, spread)
 
 
+_BESIDE = r"""
+import json, statistics, sys, threading, time, torch, torch.distributed as dist
+from trirace.config import TrainConfig
+from trirace.models import build_layers
+from trirace.models.build import loss_of
+rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+cfg = TrainConfig(**json.load(open(sys.argv[5])))
+threads, rate, seconds, rounds, span = int(sys.argv[6]), float(sys.argv[7]), float(sys.argv[8]), int(sys.argv[9]), int(sys.argv[10])
+torch.set_num_threads(threads)
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+ring_group = dist.new_group(list(range(world)))  # the ring thread's own communicator: it alone issues on it
+layers = build_layers(cfg.spec, cfg.seed)
+x = torch.randint(0, cfg.spec.vocab_size, (cfg.micro_batch_size, cfg.tokens_seq))
+def step():
+    h = x
+    for layer in layers:
+        h = layer(h)
+    loss_of(cfg.spec)(h, x).backward()
+size = cfg.activation_bytes // 4
+n = max(4, int(seconds * rate / (4 * size)))  # the same count on every rank: the ring's pairs stay matched
+def ring(done):
+    send, recv = torch.zeros(span * size), torch.zeros(span * size)
+    t0 = time.perf_counter()
+    for i in range(n):
+        at = (i % span) * size  # each message from memory the last few did not touch, as gradients come
+        r = dist.irecv(recv[at:at + size], (rank - 1) % world, group=ring_group)  # posted before the send
+        s = dist.isend(send[at:at + size], (rank + 1) % world, group=ring_group)
+        r.wait()
+        s.wait()
+        time.sleep(max(t0 + (i + 1) * 4 * size / rate - time.perf_counter(), 0.0))  # paced to `rate`
+    done.append(time.perf_counter())
+step()
+phases = []
+for _ in range(rounds):
+    for busy in (False, True):
+        start = torch.tensor([time.perf_counter() + 0.2], dtype=torch.float64)  # one host, one clock
+        dist.all_reduce(start, op=dist.ReduceOp.MAX)
+        start = float(start)
+        while time.perf_counter() < start:  # every rank computing before the window opens
+            step()
+        done = []
+        th = threading.Thread(target=ring, args=(done,)) if busy else None
+        if th:
+            th.start()
+        times = []
+        while True:  # the iterations wholly inside the window: until the ring ends, or `seconds`
+            t0 = time.perf_counter()
+            step()
+            t1 = time.perf_counter()
+            if not (th.is_alive() if th else t1 < start + seconds):
+                break
+            times.append(t1 - t0)
+        if th:
+            th.join()
+        window = (done[0] if th else start + seconds) - start
+        phases.append({"busy": busy, "mean": statistics.fmean(times) if times else None, "window": window,
+                       "messages": n if busy else 0})
+        dist.barrier()
+got = [None] * world
+dist.all_gather_object(got, phases)
+if rank == 0:
+    json.dump({"ranks": got, "message_bytes": 4 * size}, open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, per_message_s: float,
+                            link: str | None = None, bytes_per_s: float = 64 * 2**20, mtu: int = 9000,
+                            rounds: int = 3, timeout_s: float = 300) -> float:
+    """CPU seconds per byte sent that a transfer takes from computation beside it, where
+    every rank shares this host's cores: the job's ranks all compute the model, and in
+    alternate windows each also sends activation-sized messages round a ring at
+    `bytes_per_s` (on the testbed's nodes at `link`, else over loopback). Work lost per
+    second (the contention probe's units: one micro-batch's calibrated compute per
+    iteration) over bytes sent per second, less the messages' fixed cost (`per_message_s`,
+    measured on an idle host); the median of `rounds`. Measured idle, a byte costs 0.4-0.6
+    ns; beside computation on saturated cores 1.5-4 ns (stop 30): the bytes stream through
+    caches computation was using, and every wake-up of gloo's threads takes a core from it.
+    So messages walk through a buffer as large as the model's gradients (up to 64 MiB),
+    as a reduction's chunks do, rather than reusing one that stays in cache."""
+    from contextlib import nullcontext
+
+    from .. import testbed
+    from ..models.build import layer_param_numels
+
+    world = cfg.world_size
+    seconds = max(0.5, 12 * iteration_s * world / (os.cpu_count() or 1))  # a dozen iterations per window
+    grads = 4 * sum(sum(n) for n in layer_param_numels(cfg.spec))
+    span = max(1, min(grads, 64 << 20) // cfg.activation_bytes)
+    held = testbed.held(world, 1, link, mtu) if link else nullcontext(None)
+    with held as tb, tempfile.TemporaryDirectory(prefix="trirace-beside-") as tmp:
+        job, out = Path(tmp) / "cfg.json", Path(tmp) / "beside.json"
+        job.write_text(json.dumps(cfg.model_dump(mode="json")))
+        _run_ranks("transfer-beside-compute probe", _BESIDE, world, tb,
+                   [str(world), str(Path(tmp) / "store"), str(out), str(job), str(threads), str(bytes_per_s), str(seconds),
+                    str(rounds), str(span)], out, timeout_s)
+        got = json.loads(out.read_text())
+    per_byte = []
+    for i in range(0, 2 * rounds, 2):
+        quiet, busy = [r[i] for r in got["ranks"]], [r[i + 1] for r in got["ranks"]]
+        if any(p["mean"] is None for p in quiet + busy):
+            continue  # a window without a whole iteration in it
+        lost = sum(iteration_s / p["mean"] for p in quiet) - sum(iteration_s / p["mean"] for p in busy)
+        messages = sum(p["messages"] / p["window"] for p in busy)
+        per_byte.append(max(lost - messages * per_message_s, 0.0) / (messages * got["message_bytes"]))
+    if not per_byte:
+        raise UsageError("transfer-beside-compute probe: no window held a whole iteration")
+    return statistics.median(per_byte)
+
+
 def probe_pair(across_nodes: bool, link: str | None = None, mtu: int = 9000, timeout_s: float = 120) -> dict:
     """Ping-pong between two real processes: on two testbed nodes (`link` rate) or on loopback."""
     from contextlib import nullcontext
@@ -335,7 +446,11 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
     contention, cost = Contention([], []), {}
     if shared:  # every rank on this host's cores: what they cost each other
         contention = cpu_contention(cfg, cfg.world_size, threads)
-        cost = {k: {"per_message_s": v["cpu_per_message_s"], "per_byte_s": v["cpu_per_byte_s"]}
+        # a byte's cost where it matters, beside computation on saturated cores (and idle, for the record)
+        rates = {k: min(v["bits_per_s"] / 8, 64 * 2**20) for k, v in probes.items()}
+        cost = {k: {"per_message_s": v["cpu_per_message_s"], "per_byte_idle_s": v["cpu_per_byte_s"],
+                    "per_byte_s": transfer_beside_compute(cfg, threads, sum(fwd) + sum(bwd), v["cpu_per_message_s"],
+                                                          link if k == "inter" else None, rates[k], mtu)}
                 for k, v in probes.items()}
     share = {}
     if shared and link is not None:  # activations leaving one emulated node together

@@ -17,7 +17,10 @@ JSON, so it can be read, diffed and edited:
                                      iteration's time among those k workers
   transfer_cpu                       {"intra"|"inter": {"per_message_s", "per_byte_s"}}: CPU
                                      seconds a transfer costs both ends together (gloo's
-                                     threads and the kernel's network stack)
+                                     threads and the kernel's network stack); per byte as
+                                     computation beside it loses it on the shared cores
+                                     (caches, wake-ups: 2-4x the idle cost, kept as
+                                     "per_byte_idle_s"; older files have only the idle one)
   send_buffer                        {"intra"|"inter": bytes}: what a blocking send may still
                                      have to move when it returns (socket buffer and link
                                      queue take them), measured with a large send
