@@ -1,6 +1,9 @@
 """The job plan: one pure function whose decisions both executors carry out."""
 
+import gc
 import json
+import types
+import weakref
 
 import pytest
 import torch
@@ -34,6 +37,28 @@ def test_parameter_layout_matches_the_modules(model, pp, tie):
 
 def _two_level(nodes: int, per_node: int) -> Topology:
     return Topology(nodes, per_node, Link(100e9, 2e-6), Link(1e9, 50e-6))
+
+
+def test_a_stages_gradient_hooks_do_not_outlive_its_job():
+    # The callback's owner holds the model, as the runtime's Reduction does. A tensor's hooks
+    # are held from C++, out of the collector's sight: only removing them frees the model.
+    cfg = make_config({"model": "gpt-test", "pp": 2, "partition": [4, 3]})
+
+    def job():
+        model = StageModel(cfg.spec, range(0, 4), 0, 2, "adam", 1e-3, torch.device("cpu"))
+        owner = types.SimpleNamespace(model=model, ready=[])
+        unhook = model.on_grad_ready(lambda slot, i: owner.ready.append((slot, i)))
+        model.module(0)(torch.randint(0, cfg.spec.vocab_size, (2, 16))).sum().backward()
+        assert (0, 0) in owner.ready and all(slot == 0 for slot, _ in owner.ready)
+        return weakref.ref(model), unhook
+
+    kept, _ = job()
+    gc.collect()
+    assert kept() is not None  # hooks left in place: the cycle survives collection
+    freed, unhook = job()
+    unhook()
+    gc.collect()
+    assert freed() is None
 
 
 def test_hierarchy_and_chunks_are_the_policys_decision():

@@ -396,25 +396,24 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     assert got["trirace"]["predicted_s"] == pytest.approx(expect)
     assert got["trirace"]["error"] == pytest.approx(expect / 0.5 - 1)
     assert got["trirace"]["folded_error"] == pytest.approx(folded / 0.5 - 1) and folded != expect
-    twice = Calibration("gpt-test", 2, 64, 1, [0.02] * 7, [0.04] * 7, 1e-9, "testbed", cpu_throughput=[0.9, 1.8],
-                        compute_spread=[0.02, 0.1], transfer_cpu={"inter": {"per_message_s": 2e-4, "per_byte_s": 1e-9}})
-    at_run = simulate(make_config(job), load_cluster("testbed", 2, 1, "100mbit"), "trirace", twice).iteration_time_s
-    assert got["trirace"]["run_compute_error"] == pytest.approx(at_run / 0.5 - 1) and at_run > 1.5 * expect
+    # the run's compute CPU is shown beside the prediction, not predicted from (it would count
+    # the shared cores' and the transfers' cost to compute twice)
     assert got["trirace"]["run_compute"] == pytest.approx(2, rel=0.01) and "run_compute" not in got["blocking"]
+    assert not any("run_compute_error" in r for r in got.values())
     (saved / "single.json").write_text(json.dumps({"results": []}))  # a one-cell file from before --matrix
     with pytest.raises(SystemExit):
         sim_accuracy.main(["--resimulate", str(saved / "single.json"), "--out", str(out)])
     md = (out / "accuracy.md").read_text()
     assert "| cal.json | 0.210 | 0.90 1.80 | 2% 10% | 0.20 / 1.00 | - |" in md and (out / "accuracy.png").stat().st_size > 0
     assert "With the replicas folded into one per stage: " in md
-    assert f"| {100 * (at_run / 0.5 - 1):+.1f}% (2.00x) |" in md  # blocking's row: "| - |"
+    assert "| 2.00 |" in md  # blocking's row: "| - |"
     # compute measured alone around the cell: 0.225 s a micro-batch against the calibration's 0.21
     host = simulate(make_config(job), load_cluster("testbed", 2, 1, "100mbit"), "trirace",
-                    replace(twice, forward_s=[0.01 * 0.225 / 0.21] * 7, backward_s=[0.02 * 0.225 / 0.21] * 7)).iteration_time_s
+                    replace(load_calibration(saved / "cal.json"), forward_s=[0.01 * 0.225 / 0.21] * 7,
+                            backward_s=[0.02 * 0.225 / 0.21] * 7)).iteration_time_s
     assert got["trirace"]["host_compute_error"] == pytest.approx(host / 0.5 - 1)
     assert got["blocking"]["host_compute"] == pytest.approx(0.225 / 0.21)
-    within = int(abs(at_run / 0.5 - 1) <= 0.05)
-    assert f"With compute at the speed the run measured (the host's drift set apart): {within} of 1 predictions" in md
+    assert "With compute at the speed the run measured" not in md
     assert "| 2x1 @ 100mbit | 0.210 / 0.200 / 0.250 |" in md  # the host's speed beside the calibration's
 
 

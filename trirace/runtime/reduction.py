@@ -37,11 +37,12 @@ class Reduction:
         self.error: BaseException | None = None
         self.stopping = False
         self.launcher: threading.Thread | None = None
+        self._unhook = lambda: None
         if not self.asynchronous:
             warm_up_reduction(self.g, comm.device)
             return
         self.waiter = Waiter("trirace-allreduce")
-        self.model.on_grad_ready(self._param_ready)
+        self._unhook = self.model.on_grad_ready(self._param_ready)
         ready = threading.Event()
         self.launcher = threading.Thread(target=self._launch_loop, args=(ready,), name="trirace-launcher", daemon=True)
         self.launcher.start()
@@ -242,6 +243,7 @@ class Reduction:
             self.c.stats.add(step, kind=Kind.ALLREDUCE.value, exposed_s=time.perf_counter() - t0)
 
     def close(self, failed: bool) -> None:
+        self._unhook()  # else the hooks keep this job's model alive (StageModel.on_grad_ready)
         if self.launcher:
             with self.c.cond:
                 self.stopping = True
