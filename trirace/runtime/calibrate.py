@@ -33,6 +33,7 @@ import torch
 from ..config import TrainConfig
 from ..errors import UsageError
 from ..models import build_layers
+from ..models.build import loss_of
 from ..optim import make_optimizer, muon_matrices
 from ..sim.calibration import Calibration
 from . import allocator
@@ -176,22 +177,30 @@ def transfer_cpu(rank: int, bytes_per_s: float, seconds: float = 2.0) -> dict[st
     return {"cpu_per_message_s": per_message, "cpu_per_byte_s": per_byte}
 
 
+def model_step(cfg: TrainConfig):
+    """One micro-batch's forward and backward through the whole model, as a function: the
+    loop the CPU probes time in their own processes (which import it from here)."""
+    layers = build_layers(cfg.spec, cfg.seed)
+    x = torch.randint(0, cfg.spec.vocab_size, (cfg.micro_batch_size, cfg.tokens_seq))
+    loss = loss_of(cfg.spec)
+
+    def step() -> None:
+        h = x
+        for layer in layers:
+            h = layer(h)
+        loss(h, x).backward()
+    return step
+
+
 _CONTEND = r"""
 import json, os, sys, time, torch
 from trirace.config import TrainConfig
-from trirace.models import build_layers
-from trirace.models.build import loss_of
+from trirace.runtime.calibrate import model_step
 cfg = TrainConfig(**json.load(open(sys.argv[1])))
 threads, go, seconds, out = int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), sys.argv[5]
 torch.set_num_threads(threads)
 torch.manual_seed(0)
-layers = build_layers(cfg.spec, cfg.seed)
-x = torch.randint(0, cfg.spec.vocab_size, (cfg.micro_batch_size, cfg.tokens_seq))
-def step():
-    h = x
-    for layer in layers:
-        h = layer(h)
-    loss_of(cfg.spec)(h, x).backward()
+step = model_step(cfg)
 step()
 open(out + ".ready", "w").close()
 while not os.path.exists(go):  # keep computing until every copy is ready
@@ -256,21 +265,14 @@ def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float 
 _BESIDE = r"""
 import json, statistics, sys, threading, time, torch, torch.distributed as dist
 from trirace.config import TrainConfig
-from trirace.models import build_layers
-from trirace.models.build import loss_of
+from trirace.runtime.calibrate import model_step
 rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 cfg = TrainConfig(**json.load(open(sys.argv[5])))
 threads, rate, seconds, rounds, span = int(sys.argv[6]), float(sys.argv[7]), float(sys.argv[8]), int(sys.argv[9]), int(sys.argv[10])
 torch.set_num_threads(threads)
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
 ring_group = dist.new_group(list(range(world)))  # the ring thread's own communicator: it alone issues on it
-layers = build_layers(cfg.spec, cfg.seed)
-x = torch.randint(0, cfg.spec.vocab_size, (cfg.micro_batch_size, cfg.tokens_seq))
-def step():
-    h = x
-    for layer in layers:
-        h = layer(h)
-    loss_of(cfg.spec)(h, x).backward()
+step = model_step(cfg)
 size = cfg.activation_bytes // 4
 n = max(4, int(seconds * rate / (4 * size)))  # the same count on every rank: the ring's pairs stay matched
 def ring(done):
