@@ -330,11 +330,13 @@ def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, 
     `bytes_per_s` (on the testbed's nodes at `link`, else over loopback). Work lost per
     second (the contention probe's units: one micro-batch's calibrated compute per
     iteration) over bytes sent per second, less the messages' fixed cost (`per_message_s`,
-    measured on an idle host); the median of `rounds`. Measured idle, a byte costs 0.4-0.6
-    ns; beside computation on saturated cores 1.5-4 ns (stop 30): the bytes stream through
-    caches computation was using, and every wake-up of gloo's threads takes a core from it.
-    So messages walk through a buffer as large as the model's gradients (up to 64 MiB),
-    as a reduction's chunks do, rather than reusing one that stays in cache."""
+    measured on an idle host); the median of `rounds`. On the testbed (stop 30), beside
+    computation on saturated cores a byte cost 0.6-1.1 ns on loopback and 1.9-3.1 ns across
+    nodes at 250-500 Mbit, 1.3-2.5x and 3-7x its idle figures, and more on slower links:
+    the bytes stream through caches computation was using, and every wake-up of gloo's
+    threads takes a core from it. So messages walk through a buffer as large as the
+    model's gradients (up to 64 MiB), as a reduction's chunks do, rather than reusing one
+    that stays in cache."""
     from contextlib import nullcontext
 
     from .. import testbed

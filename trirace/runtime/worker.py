@@ -38,9 +38,9 @@ def run_job(system: str, cfg: TrainConfig) -> list[dict] | None:
 def run_jobs(jobs: list[dict], out: Path) -> None:
     """Run `jobs` in order on the initialised default group; the reporter writes
     OUT/result-<i>.json for job i. Each job leaves nothing behind: its process groups are
-    destroyed when it ends, and its model, buffers and those groups' threads are collected
-    before the next starts (parameter hooks make cycles that would otherwise wait for the
-    collector, and a bench's twelfth job would run beside eleven jobs' leftovers)."""
+    destroyed when it ends, its gradient hooks removed (Reduction.close: the collector cannot
+    see them), and its model, buffers and those groups' threads are collected before the
+    next starts (a bench's twelfth job would otherwise run beside eleven jobs' leftovers)."""
     for i, job in enumerate(jobs):
         rows = run_job(job["system"], TrainConfig(**job["config"]))
         gc.collect()

@@ -19,7 +19,7 @@ JSON, so it can be read, diffed and edited:
                                      seconds a transfer costs both ends together (gloo's
                                      threads and the kernel's network stack); per byte as
                                      computation beside it loses it on the shared cores
-                                     (caches, wake-ups: 2-4x the idle cost, kept as
+                                     (caches, wake-ups: 1.3-7x the idle cost, kept as
                                      "per_byte_idle_s"; older files have only the idle one)
   send_buffer                        {"intra"|"inter": bytes}: what a blocking send may still
                                      have to move when it returns (socket buffer and link

@@ -8,8 +8,8 @@ Two things that cost step time there are not per-layer compute:
   simulated run cannot beat the lower bound that assumes ideal cores.
 - A transfer costs CPU at both ends (gloo's threads, the kernel's network stack): a fixed
   cost per message and a cost per byte, measured per link class by the same profile, the
-  byte's cost as the work computation loses beside it (its caches and cores taken: 2-4x
-  what the transfer alone uses). Computation shares the cores with it, so it slows while
+  byte's cost as the work computation loses beside it (its caches and cores taken: 1.3-7x
+  what the transfer alone uses on the testbed). Computation shares the cores with it, so it slows while
   communication runs.
 Without a calibration the curve is ideal and transfers cost no CPU.
 """
