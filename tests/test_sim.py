@@ -258,9 +258,15 @@ def test_profile_measures_layers_and_loopback(tmp_path):
     assert cal.links["intra"]["bits_per_s"] > 1e8
     assert list(cal.rows_touched.values())[0] > 0
     assert len(cal.cpu_throughput) == 2 and set(cal.transfer_cpu) == {"intra"} and cal.send_buffer == {}
-    # a byte's cost beside computation (what the simulator charges) and alone (the record)
-    assert set(cal.transfer_cpu["intra"]) == {"per_message_s", "per_byte_s", "per_byte_idle_s"}
+    # a byte's cost beside computation (what the simulator charges: a message's, and an
+    # all-reduce chunk's in the replicas' groups) and alone (the record)
+    assert set(cal.transfer_cpu["intra"]) == {"per_message_s", "per_byte_s", "per_byte_idle_s", "per_byte_collective_s"}
     assert 0 <= cal.transfer_cpu["intra"]["per_byte_s"] < 1e-6
+    assert 0 <= cal.transfer_cpu["intra"]["per_byte_collective_s"] < 1e-6
+    # compute timed at the start, between the probes and at the end; each layer the median
+    # (a sum of medians need not lie between the draws' sums, but near them)
+    assert len(cal.compute_draws_s) == 3 and min(cal.compute_draws_s) > 0
+    assert 0.8 * min(cal.compute_draws_s) <= cal.iteration_s <= 1.25 * max(cal.compute_draws_s)
 
 
 def test_simulate_cli_json_has_every_policy(tmp_path):

@@ -63,18 +63,21 @@ def test_a_transfer_costs_the_shared_cores_and_ends_with_its_cpu_work():
     # A blocking 2-member ring all-reduce of S bytes: each half moves S/2 per member, 1 s
     # of wire at 1 GB/s. At 2 ns/byte and 0.5 s per message on cores enough for both
     # copies, each half's CPU work is 0.5 + 2 = 2.5 s: the half ends with it, not the wire.
+    # An all-reduce's bytes are priced as a collective's where the calibration measured one
+    # apart: free collective bytes leave 0.5 s of CPU per half, under the wire's 1 s.
     S = 2e9
     topo = Topology(2, 1, Link(8e10, 0.0), Link(8e9, 0.0))
     host = HostCpu(2, per_message_s={"inter": 0.5}, per_byte_s={"inter": 2e-9})
+    apart = HostCpu(2, per_message_s={"inter": 0.5}, per_byte_s={"inter": 2e-9}, per_byte_collective_s={"inter": 0.0})
     times = {}
-    for name, h in (("costly", host), ("free", HostCpu(2))):
+    for name, h in (("costly", host), ("free", HostCpu(2)), ("collective bytes free", apart)):
         fab = Fabric(Layout(1, 2), topo, h)
         work = StageWork(0.0, [0.0], [(0, 1)], 0.0, [int(S // 4)], make_policy("blocking"),
                          lambda c, fab=fab: ring(("ring", 0), 2, c.nbytes, 0.0), lambda c: False)
         sim = Simulation(build_schedule("1f1b", 1, 1, 1), fab, [work], 0)
         sim.run()
         times[name] = sim.stats[(0, 0, 0)].end
-    assert times == {"costly": pytest.approx(5.0), "free": pytest.approx(2.0)}
+    assert times == {"costly": pytest.approx(5.0), "free": pytest.approx(2.0), "collective bytes free": pytest.approx(2.0)}
 
 
 def test_calibration_without_host_figures_still_loads_and_bad_ones_are_refused(tmp_path):

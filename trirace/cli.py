@@ -375,6 +375,7 @@ def _profile(args: argparse.Namespace) -> int:
     shared = ""
     if cal.cpu_throughput:
         costs = "; ".join(f"{k} {v['per_message_s'] * 1e6:.0f} us/message + {v['per_byte_s'] * 1e9:.2f} ns/byte beside computation"
+                          + (f" ({v['per_byte_collective_s'] * 1e9:.2f} in all-reduces)" if "per_byte_collective_s" in v else "")
                           for k, v in cal.transfer_cpu.items())
         shared = (f"; shared cores do {' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} x one rank's work with "
                   f"1..{len(cal.cpu_throughput)} ranks computing, an iteration's time varying by "
@@ -385,7 +386,8 @@ def _profile(args: argparse.Namespace) -> int:
     if cal.send_buffer:
         shared += "; a blocking send returns with " + ", ".join(f"{v / 2**20:.2f} MiB still to cross {k}"
                                                                 for k, v in cal.send_buffer.items())
-    print(f"forward {fwd * 1e3:.1f} ms, backward {bwd * 1e3:.1f} ms per micro-batch ({cal.threads} thread(s)); "
+    draws = f" (the median of {len(cal.compute_draws_s)} timings: {' '.join(f'{x:.3f}' for x in cal.compute_draws_s)} s)"
+    print(f"forward {fwd * 1e3:.1f} ms, backward {bwd * 1e3:.1f} ms per micro-batch{draws} ({cal.threads} thread(s)); "
           f"{links}{shared}; wrote {args.out}")
     return 0
 

@@ -222,16 +222,22 @@ def calibrations(payload: dict, where: Path) -> str:
     """What each rate's calibration measured. They were taken minutes apart on the same
     host with the same model: their spread is the host's own drift, which no prediction
     from one of them can be closer than."""
-    lines = ["| calibration | forward + backward per micro-batch (s) | work done by 1..k ranks at once "
+    lines = ["| calibration | forward + backward per micro-batch (s) (its timings) | work done by 1..k ranks at once "
              "(x one rank's best) | an iteration's spread with 1..k at once | inter-node transfer CPU per message "
-             "(ms) / per MB beside computation (ms) | first of two activations' share of the uplink |", "|---|---|---|---|---|---|"]
+             "(ms) / per MB beside computation (ms): sent, all-reduced | loopback's per MB: sent, all-reduced (ms) "
+             "| first of two activations' share of the uplink |", "|---|---|---|---|---|---|---|"]
+
+    def per_mb(cost: dict) -> str:
+        return " ".join(f"{1e9 * cost[k]:.2f}" for k in ("per_byte_s", "per_byte_collective_s") if k in cost) or "-"
     for name in dict.fromkeys(cell["calibration"] for cell in payload["cells"]):
         cal = load_calibration(where / name)
-        cost = cal.transfer_cpu.get("inter", {})
-        lines.append(f"| {name} | {cal.iteration_s:.3f} | "
+        inter = cal.transfer_cpu.get("inter", {})
+        draws = f" ({' '.join(f'{x:.3f}' for x in cal.compute_draws_s)})" if cal.compute_draws_s else ""
+        lines.append(f"| {name} | {cal.iteration_s:.3f}{draws} | "
                      f"{' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} | "
                      f"{' '.join(f'{x:.0%}' for x in cal.compute_spread) or '-'} | "
-                     f"{1e3 * cost.get('per_message_s', 0):.2f} / {1e9 * cost.get('per_byte_s', 0):.2f} | "
+                     f"{1e3 * inter.get('per_message_s', 0):.2f} / {per_mb(inter)} | "
+                     f"{per_mb(cal.transfer_cpu.get('intra', {}))} | "
                      + (f"{cal.link_share['inter']:.2f} |" if "inter" in cal.link_share else "- |"))
     return "\n".join(lines)
 

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -269,22 +270,33 @@ from trirace.runtime.calibrate import model_step
 rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 cfg = TrainConfig(**json.load(open(sys.argv[5])))
 threads, rate, seconds, rounds, span = int(sys.argv[6]), float(sys.argv[7]), float(sys.argv[8]), int(sys.argv[9]), int(sys.argv[10])
+nbytes, groups = int(sys.argv[11]), json.loads(sys.argv[12])  # groups: [] = a P2P ring of every rank
 torch.set_num_threads(threads)
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
 ring_group = dist.new_group(list(range(world)))  # the ring thread's own communicator: it alone issues on it
+mine = None
+for g in groups:  # every rank makes every group, in one order; each all-reduces in its own
+    pg = dist.new_group(g)
+    if rank in g:
+        mine = (pg, len(g))
 step = model_step(cfg)
-size = cfg.activation_bytes // 4
-n = max(4, int(seconds * rate / (4 * size)))  # the same count on every rank: the ring's pairs stay matched
+size = nbytes // 4
+# what one operation sends per rank: a message, or a ring all-reduce's two passes over (g-1)/g
+op_bytes, op_messages = (2 * (mine[1] - 1) / mine[1] * nbytes, 2 * (mine[1] - 1)) if mine else (nbytes, 1)
+n = max(4, int(seconds * rate / op_bytes))  # the same count on every rank: pairs and groups stay matched
 def ring(done):
     send, recv = torch.zeros(span * size), torch.zeros(span * size)
     t0 = time.perf_counter()
     for i in range(n):
-        at = (i % span) * size  # each message from memory the last few did not touch, as gradients come
-        r = dist.irecv(recv[at:at + size], (rank - 1) % world, group=ring_group)  # posted before the send
-        s = dist.isend(send[at:at + size], (rank + 1) % world, group=ring_group)
-        r.wait()
-        s.wait()
-        time.sleep(max(t0 + (i + 1) * 4 * size / rate - time.perf_counter(), 0.0))  # paced to `rate`
+        at = (i % span) * size  # each operation on memory the last few did not touch, as gradients come
+        if mine:
+            dist.all_reduce(send[at:at + size], group=mine[0])
+        else:
+            r = dist.irecv(recv[at:at + size], (rank - 1) % world, group=ring_group)  # posted before the send
+            s = dist.isend(send[at:at + size], (rank + 1) % world, group=ring_group)
+            r.wait()
+            s.wait()
+        time.sleep(max(t0 + (i + 1) * op_bytes / rate - time.perf_counter(), 0.0))  # paced to `rate`
     done.append(time.perf_counter())
 step()
 phases = []
@@ -310,49 +322,61 @@ for _ in range(rounds):
         if th:
             th.join()
         window = (done[0] if th else start + seconds) - start
-        phases.append({"busy": busy, "mean": statistics.fmean(times) if times else None, "window": window,
-                       "messages": n if busy else 0})
+        phases.append({"mean": statistics.fmean(times) if times else None, "window": window,
+                       "ops": n if busy else 0})
         dist.barrier()
 got = [None] * world
 dist.all_gather_object(got, phases)
 if rank == 0:
-    json.dump({"ranks": got, "message_bytes": 4 * size}, open(out, "w"))
+    json.dump({"ranks": got, "op_bytes": op_bytes, "op_messages": op_messages}, open(out, "w"))
 dist.destroy_process_group()
 """
 
 
+COLLECTIVE_PROBE_BYTES = 4 << 20  # priority's default chunk, between trirace's (up to 8 MiB) and fifo's 25 MiB
+
+
 def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, per_message_s: float,
                             link: str | None = None, bytes_per_s: float = 64 * 2**20, mtu: int = 9000,
-                            rounds: int = 3, timeout_s: float = 300) -> float:
+                            collective: bool = False, rounds: int = 3, timeout_s: float = 300) -> float:
     """CPU seconds per byte sent that a transfer takes from computation beside it, where
     every rank shares this host's cores: the job's ranks all compute the model, and in
-    alternate windows each also sends activation-sized messages round a ring at
-    `bytes_per_s` (on the testbed's nodes at `link`, else over loopback). Work lost per
-    second (the contention probe's units: one micro-batch's calibrated compute per
-    iteration) over bytes sent per second, less the messages' fixed cost (`per_message_s`,
-    measured on an idle host); the median of `rounds`. On the testbed (stop 30), beside
-    computation on saturated cores a byte cost 0.6-1.1 ns on loopback and 1.9-3.1 ns across
+    alternate windows each also sends, paced at `bytes_per_s` (on the testbed's nodes at
+    `link`, else over loopback): activation-sized messages round a ring, or, `collective`,
+    all-reduces of reduction-sized chunks (COLLECTIVE_PROBE_BYTES) in the job's own
+    data-parallel groups, whose bytes also pass through the summing. Work lost per second
+    (the contention probe's units: one micro-batch's calibrated compute per iteration)
+    over bytes sent per second, less the messages' fixed cost (`per_message_s`, measured
+    on an idle host); the median of `rounds`. On the testbed (stop 30), beside computation
+    on saturated cores a message's byte cost 0.6-1.1 ns on loopback and 1.9-3.1 ns across
     nodes at 250-500 Mbit, 1.3-2.5x and 3-7x its idle figures, and more on slower links:
     the bytes stream through caches computation was using, and every wake-up of gloo's
-    threads takes a core from it. So messages walk through a buffer as large as the
+    threads takes a core from it. So the operations walk through a buffer as large as the
     model's gradients (up to 64 MiB), as a reduction's chunks do, rather than reusing one
     that stays in cache."""
     from contextlib import nullcontext
 
     from .. import testbed
     from ..models.build import layer_param_numels
+    from ..plan.layout import Layout
 
     world = cfg.world_size
     seconds = max(0.5, 12 * iteration_s * world / (os.cpu_count() or 1))  # a dozen iterations per window
     grads = 4 * sum(sum(n) for n in layer_param_numels(cfg.spec))
-    span = max(1, min(grads, 64 << 20) // cfg.activation_bytes)
+    # the replicas' groups; which ranks they hold does not matter, since every rank is on its
+    # own node (across nodes) or all share one (loopback)
+    groups = [Layout(cfg.pp, cfg.dp).dp_group(s) for s in range(cfg.pp)] if collective else []
+    if collective and cfg.dp < 2:
+        raise UsageError("the collective transfer probe needs data-parallel groups (dp >= 2)")
+    nbytes = min(COLLECTIVE_PROBE_BYTES, grads // cfg.pp) // 4 * 4 if collective else cfg.activation_bytes
+    span = max(1, min(grads, 64 << 20) // nbytes)
     held = testbed.held(world, 1, link, mtu) if link else nullcontext(None)
     with held as tb, tempfile.TemporaryDirectory(prefix="trirace-beside-") as tmp:
         job, out = Path(tmp) / "cfg.json", Path(tmp) / "beside.json"
         job.write_text(json.dumps(cfg.model_dump(mode="json")))
         _run_ranks("transfer-beside-compute probe", _BESIDE, world, tb,
                    [str(world), str(Path(tmp) / "store"), str(out), str(job), str(threads), str(bytes_per_s), str(seconds),
-                    str(rounds), str(span)], out, timeout_s)
+                    str(rounds), str(span), str(nbytes), json.dumps(groups)], out, timeout_s)
         got = json.loads(out.read_text())
     per_byte = []
     for i in range(0, 2 * rounds, 2):
@@ -360,8 +384,8 @@ def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, 
         if any(p["mean"] is None for p in quiet + busy):
             continue  # a window without a whole iteration in it
         lost = sum(iteration_s / p["mean"] for p in quiet) - sum(iteration_s / p["mean"] for p in busy)
-        messages = sum(p["messages"] / p["window"] for p in busy)
-        per_byte.append(max(lost - messages * per_message_s, 0.0) / (messages * got["message_bytes"]))
+        ops = sum(p["ops"] / p["window"] for p in busy)
+        per_byte.append(max(lost - ops * got["op_messages"] * per_message_s, 0.0) / (ops * got["op_bytes"]))
     if not per_byte:
         raise UsageError("transfer-beside-compute probe: no window held a whole iteration")
     return statistics.median(per_byte)
@@ -439,7 +463,10 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
     threads = max(1, (os.cpu_count() or 1) // cfg.world_size)  # as runtime/worker.py gives each rank
     torch.set_num_threads(threads)
     allocator.use()  # as the ranks allocate, here and in the probes' processes
-    fwd, bwd, per_param = layer_times(cfg)
+    # The host's speed drifts over minutes (one draw of stop 30's matrix came 7% under the
+    # others at its rate, and all its predictions 8-13% under), so compute is timed at
+    # the start, between the probes and at the end: each layer's median over the draws.
+    draws = [layer_times(cfg)]
     probes = {}
     if intra:
         probes["intra"] = probe_pair(False)
@@ -450,17 +477,26 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
     contention, cost = Contention([], []), {}
     if shared:  # every rank on this host's cores: what they cost each other
         contention = cpu_contention(cfg, cfg.world_size, threads)
-        # a byte's cost where it matters, beside computation on saturated cores (and idle, for the record)
+        draws.append(layer_times(cfg))
+        iteration_s = statistics.median(sum(f) + sum(b) for f, b, _ in draws)
+        # a byte's cost where it matters, beside computation on saturated cores (and idle, for the record):
+        # as P2P messages, and as the replicas' all-reduce chunks
         rates = {k: min(v["bits_per_s"] / 8, 64 * 2**20) for k, v in probes.items()}
-        cost = {k: {"per_message_s": v["cpu_per_message_s"], "per_byte_idle_s": v["cpu_per_byte_s"],
-                    "per_byte_s": transfer_beside_compute(cfg, threads, sum(fwd) + sum(bwd), v["cpu_per_message_s"],
-                                                          link if k == "inter" else None, rates[k], mtu)}
-                for k, v in probes.items()}
+        for k, v in probes.items():
+            beside = partial(transfer_beside_compute, cfg, threads, iteration_s, v["cpu_per_message_s"],
+                             link if k == "inter" else None, rates[k], mtu)
+            cost[k] = {"per_message_s": v["cpu_per_message_s"], "per_byte_idle_s": v["cpu_per_byte_s"],
+                       "per_byte_s": beside()}
+            if cfg.dp > 1:
+                cost[k]["per_byte_collective_s"] = beside(collective=True)
     share = {}
     if shared and link is not None:  # activations leaving one emulated node together
         share = {"inter": link_share(link, cfg.activation_bytes, mtu)}
-    return Calibration(cfg.model, cfg.micro_batch_size, cfg.tokens_seq, threads, fwd, bwd, per_param, cluster,
-                       links, {str(cfg.tokens_per_replica_step): rows_touched(cfg)}, host=socket.gethostname(),
+    draws.append(layer_times(cfg))
+    fwd, bwd = ([statistics.median(d[j][i] for d in draws) for i in range(len(draws[0][j]))] for j in (0, 1))
+    return Calibration(cfg.model, cfg.micro_batch_size, cfg.tokens_seq, threads, fwd, bwd,
+                       statistics.median(d[2] for d in draws), cluster, links,
+                       {str(cfg.tokens_per_replica_step): rows_touched(cfg)}, host=socket.gethostname(),
                        cpu_throughput=contention.throughput, compute_spread=contention.spread, transfer_cpu=cost,
                        send_buffer={k: v["send_buffer_bytes"] for k, v in probes.items() if "send_buffer_bytes" in v},
-                       link_share=share)
+                       link_share=share, compute_draws_s=[sum(f) + sum(b) for f, b, _ in draws])

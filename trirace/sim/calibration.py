@@ -3,7 +3,9 @@
 JSON, so it can be read, diffed and edited:
   model, micro_batch_size, seq_len   the shapes it was measured at (checked on use)
   threads                            intra-op threads per process during the measurement
-  forward_s, backward_s              per layer, one micro-batch (fastest of a few whole-model passes)
+  forward_s, backward_s              per layer, one micro-batch (fastest of a few whole-model passes;
+                                     the median over draws spread across the profile)
+  compute_draws_s                    each draw's forward + backward, for the record (the host drifts)
   optimizer_s_per_param              the optimizer step over the measured parameters
   cluster                            the cluster preset it describes (it applies to no other)
   links                              {"intra"|"inter": {"bits_per_s", "latency_s"}} measured
@@ -20,7 +22,9 @@ JSON, so it can be read, diffed and edited:
                                      threads and the kernel's network stack); per byte as
                                      computation beside it loses it on the shared cores
                                      (caches, wake-ups: 1.3-7x the idle cost, kept as
-                                     "per_byte_idle_s"; older files have only the idle one)
+                                     "per_byte_idle_s"; older files have only the idle one);
+                                     "per_byte_collective_s" the same for all-reduce chunks
+                                     (with the summing; absent: as per_byte_s)
   send_buffer                        {"intra"|"inter": bytes}: what a blocking send may still
                                      have to move when it returns (socket buffer and link
                                      queue take them), measured with a large send
@@ -64,6 +68,7 @@ class Calibration:
     transfer_cpu: dict[str, dict[str, float]] = field(default_factory=dict)
     send_buffer: dict[str, float] = field(default_factory=dict)  # empty: a send returns on delivery
     link_share: dict[str, float] = field(default_factory=dict)  # empty: links shared fairly
+    compute_draws_s: list[float] = field(default_factory=list)
     host: str = ""
     version: int = VERSION
 

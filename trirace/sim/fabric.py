@@ -83,7 +83,7 @@ class Fabric:
             for cls, pairs in self._pairs_of.items():
                 kinds = [self.topo.link_between(a, b) for a, b in pairs]
                 cost = (max(self.host.per_message_s.get(k, 0.0) for k in kinds),
-                        max(self.host.per_byte_s.get(k, 0.0) for k in kinds))
+                        max(self.host.byte_cost(k, collective=cls[0] != "p2p") for k in kinds))
                 if any(cost):
                     folded[("cpu", cls)] = {cpu: float(len(pairs))}  # every copy's CPU work at once
                     self.transfer_cpu[cls] = cost

@@ -9,8 +9,9 @@ Two things that cost step time there are not per-layer compute:
 - A transfer costs CPU at both ends (gloo's threads, the kernel's network stack): a fixed
   cost per message and a cost per byte, measured per link class by the same profile, the
   byte's cost as the work computation loses beside it (its caches and cores taken: 1.3-7x
-  what the transfer alone uses on the testbed). Computation shares the cores with it, so it slows while
-  communication runs.
+  what the transfer alone uses on the testbed), for P2P messages and for all-reduce chunks
+  (which also sum what they receive) apart. Computation shares the cores with it, so it
+  slows while communication runs.
 Without a calibration the curve is ideal and transfers cost no CPU.
 """
 
@@ -26,7 +27,8 @@ class HostCpu:
     cores: int
     throughput: tuple[float, ...] = ()  # [k-1]: work-seconds per second of k workers at once
     per_message_s: dict[str, float] = field(default_factory=dict)  # by link class (intra, inter)
-    per_byte_s: dict[str, float] = field(default_factory=dict)
+    per_byte_s: dict[str, float] = field(default_factory=dict)  # P2P messages
+    per_byte_collective_s: dict[str, float] = field(default_factory=dict)  # all-reduce chunks (else per_byte_s)
 
     @classmethod
     def of(cls, cores: int | None, calibration: Calibration | None) -> "HostCpu | None":
@@ -37,7 +39,15 @@ class HostCpu:
         cost = calibration.transfer_cpu
         return cls(cores, tuple(calibration.cpu_throughput),
                    {k: v.get("per_message_s", 0.0) for k, v in cost.items()},
-                   {k: v.get("per_byte_s", 0.0) for k, v in cost.items()})
+                   {k: v.get("per_byte_s", 0.0) for k, v in cost.items()},
+                   {k: v["per_byte_collective_s"] for k, v in cost.items() if "per_byte_collective_s" in v})
+
+    def byte_cost(self, link_class: str, collective: bool) -> float:
+        """CPU seconds a byte sent costs on `link_class`; a collective's as a message's where
+        it was not measured apart (files from before stop 31, jobs without replicas)."""
+        if collective and link_class in self.per_byte_collective_s:
+            return self.per_byte_collective_s[link_class]
+        return self.per_byte_s.get(link_class, 0.0)
 
     def capacity(self, load: float) -> float:
         """Work-seconds per second the cores give `load` workers computing at once. A
