@@ -217,9 +217,10 @@ def _show_plan(cfg: TrainConfig, as_json: bool) -> int:
     import json
 
     from .plan.job import plan_job
+    from .plan.memory import GiB, estimate, host_budget
     from .plan.topology import load_topology, single_node
     from .runtime.checkpoint import resume_line, resume_point
-    from .runtime.launch import prepare
+    from .runtime.launch import prepare, resolve_backend
     from .runtime.trainer import measure_layers
 
     cfg = prepare(cfg)  # what train does before spawning: paths and data checked, partition fixed
@@ -229,6 +230,9 @@ def _show_plan(cfg: TrainConfig, as_json: bool) -> int:
         print(json.dumps(plan.to_dict(), indent=2))
         return 0
     print(plan.describe())
+    est = estimate(cfg, *host_budget(cfg.world_size, on_gpu=resolve_backend(cfg.backend, cfg.world_size) == "nccl"))
+    print(f"memory: about {', '.join(f'{x / GiB:.2f}' for x in est.per_rank)} GiB per rank at the peak, by stage "
+          f"(plan/memory.py); {est.where} is {est.budget / GiB:.1f} GiB")
     if cfg.probe:
         print("(links as given; train probes them at start-up, which can change trirace's chunk size)")
     if line := resume_line(cfg, *resume_point(cfg, cfg.partition)):

@@ -135,3 +135,16 @@ def tied_head_param(spec: ModelSpec) -> int:
 def layer_param_counts(spec: ModelSpec) -> list[int]:
     """Parameters per layer."""
     return [sum(n) for n in layer_param_numels(spec)]
+
+
+def layer_flops(spec: ModelSpec, batch: int, seq: int) -> list[float]:
+    """Forward FLOPs per layer of one micro-batch of `batch` x `seq` tokens (sim/compute.py
+    says how; backward is twice that)."""
+    d, v, tokens = spec.d_model, spec.vocab_size, batch * seq
+    if spec.arch == "llama":  # q and o, k and v (grouped), gate, up and down
+        kv = spec.kv_heads * (d // spec.n_heads)
+        block = 2 * tokens * (2 * d * d + 2 * d * kv + 3 * d * spec.d_ff) + 4 * batch * seq * seq * d
+    else:
+        block = 2 * tokens * (4 * d * d + 2 * d * spec.d_ff) + 4 * batch * seq * seq * d
+    head = 2 * tokens * d * v + (2 * tokens * d * d if spec.arch == "bert" else 0)
+    return [0.0, *([float(block)] * spec.n_layers), 0.0, float(head)]

@@ -6,11 +6,17 @@ The simulator reports the same figures (sim/run.py): one function, two users.
 What a rank of stage s holds at its peak:
 - weights: one fp32 copy per weight version (two under 2BW), and as many gradient buffers;
 - the optimizer: an fp32 master copy, plus Adam's two moments;
-- activations kept for backward, for each micro-batch in flight. Per block about 16*b*s*d
-  values plus the b*h*s^2 attention scores; the head keeps its logits and their softmax.
-  With recomputation a block keeps only its input, and one micro-batch's block is rebuilt
-  at a time. Under bf16 autocast the block's values are 2 bytes (the head's softmax stays
-  fp32);
+- activations autograd keeps for backward, for each micro-batch in flight (counted on
+  the real layers with saved-tensor hooks, tests/test_memory_model.py): a GPT or BERT
+  block keeps 8*b*s*d + 2*b*s*d_ff values, a Llama block 8*b*s*d + 2*b*s*kv + 4*b*s*d_ff
+  (fused attention keeps no b*h*s^2 scores), a norm its input and output, the token
+  table only the ids, the head its input and the log-softmax. With recomputation a block
+  keeps only its input, and one micro-batch's block is rebuilt at a time. Under bf16
+  autocast the block's values are 2 bytes, and its matrices' bf16 casts stay with each
+  micro-batch in flight;
+- the largest transient on top: the head's backward (the loss gradient and the
+  log-softmax's own, two more b*s*V), a dense table or head gradient before it is added
+  to its buffer, or the optimizer's temporaries (parameter-sized: torch's Adam on CUDA);
 - the process itself (interpreter, torch, communicator buffers): RUNTIME_BYTES, measured as
   the resident size of a gpt-test rank here.
 """
@@ -22,7 +28,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..models import ModelSpec, layer_names
-from ..models.build import layer_param_counts
+from ..models.build import layer_flops, layer_param_counts
 from ..optim import STATE_VALUES
 from .partition import balance, stage_ranges
 
@@ -30,26 +36,42 @@ RUNTIME_BYTES = 400 * 2**20
 GiB = 2**30
 
 
+def block_values(spec: ModelSpec, batch: int, seq: int) -> int:
+    """Values one transformer block keeps for backward per micro-batch."""
+    tokens, d = batch * seq, spec.d_model
+    if spec.arch == "llama":
+        return tokens * (8 * d + 2 * spec.kv_heads * (d // spec.n_heads) + 4 * spec.d_ff)
+    return tokens * (8 * d + 2 * spec.d_ff)
+
+
 def stage_memory(spec: ModelSpec, layers: range, batch: int, seq: int, in_flight: int, versions: int,
                  optimizer: str = "adam", precision: str = "fp32", recompute: bool = False) -> dict[str, float]:
     """Peak bytes of one rank of the stage, by part, and their "total" (without the runtime)."""
     counts = layer_param_counts(spec)
     params = sum(counts[i] for i in layers)
-    d, h, v = spec.d_model, spec.n_heads, spec.vocab_size
+    d, v, tokens = spec.d_model, spec.vocab_size, batch * seq
     block_bytes = 2 if precision == "bf16" else 4
     names = layer_names(spec)
     kept = rebuilt = 0.0  # bytes per micro-batch in flight; one block rebuilt in backward
+    transient = 4.0 * params  # the optimizer's temporaries
     for i in layers:
         if names[i].startswith("block"):
-            full = (16 * batch * seq * d + batch * h * seq * seq) * block_bytes
-            kept += 4 * batch * seq * d if recompute else full
+            full = block_values(spec, batch, seq) * block_bytes + (2 * counts[i] if precision == "bf16" else 0)
+            kept += 4 * tokens * d if recompute else full
             rebuilt = max(rebuilt, full if recompute else 0.0)
         elif names[i].endswith("head"):
-            kept += 4 * (2 * batch * seq * v + batch * seq * d)
+            kept += 4 * tokens * (v + 2 * d) + 8 * tokens  # log-softmax, input (bert: its dense's too), targets
+            transient = max(transient, 8.0 * tokens * v, 4.0 * d * v)
+        elif names[i] == "embedding":
+            kept += 8 * tokens  # the ids
+            transient = max(transient, 4.0 * d * v)
+        elif names[i] == "final_norm":  # its input and statistics (RMSNorm, written out: its output too)
+            kept += 4 * tokens * d * (2 if spec.arch == "llama" else 1) + 8 * tokens
         else:
-            kept += 4 * batch * seq * d
+            kept += 8 * tokens * d  # a custom layer: its output, twice over
     out = {"weights": 4.0 * params * versions, "gradients": 4.0 * params * versions,
-           "optimizer": 4.0 * params * (1 + STATE_VALUES[optimizer]), "activations": kept * in_flight + rebuilt}
+           "optimizer": 4.0 * params * (1 + STATE_VALUES[optimizer]), "activations": kept * in_flight + rebuilt,
+           "transient": transient}
     out["total"] = sum(out.values())
     return out
 
@@ -79,14 +101,22 @@ def estimate(cfg, budget: float, where: str, **changes) -> Estimate:
     """Per-rank peak of `cfg` (a TrainConfig) with `changes` applied (e.g. recompute=True)."""
     get = lambda k: changes.get(k, getattr(cfg, k))  # noqa: E731
     pp = get("pp")
-    sizes = list(cfg.partition) if cfg.partition is not None and pp == cfg.pp else \
-        balance([float(n) for n in layer_param_counts(cfg.spec)], pp)
+    sizes = list(cfg.partition) if cfg.partition is not None and pp == cfg.pp else balance(_layer_costs(cfg), pp)
     versions = 2 if cfg.schedule == "2bw" else 1
     per = [stage_memory(cfg.spec, layers, cfg.micro_batch_size, cfg.tokens_seq,
                         peak_in_flight(cfg.schedule, pp, s, cfg.micro_batches), versions, cfg.optimizer,
                         get("precision"), get("recompute"))["total"] + RUNTIME_BYTES
            for s, layers in enumerate(stage_ranges(sizes))]
     return Estimate(per, budget, where)
+
+
+def _layer_costs(cfg) -> list[float]:
+    """What the job's partitioner balances, before anything is measured: parameters, or for
+    --balance time (measured at start-up) the FLOPs that set those times, so the estimate
+    sizes the stages the job will run (gpt-tiny, pp 2: 6,1 by time, 3,4 by parameters)."""
+    if cfg.balance == "time" and cfg.spec.custom is None:
+        return layer_flops(cfg.spec, cfg.micro_batch_size, cfg.tokens_seq)
+    return [float(n) for n in layer_param_counts(cfg.spec)]
 
 
 def host_budget(local_ranks: int, on_gpu: bool) -> tuple[float, str]:

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from ..models import ModelSpec, build_layers
+from ..models import ModelSpec, build_layer, build_layers, layer_names
 from ..models.build import loss_of
 
 
@@ -53,26 +53,27 @@ def profile_layers(spec: ModelSpec, inputs: torch.Tensor, targets: torch.Tensor,
                    reps: int = 3) -> list[float]:
     """Seconds of forward + backward per layer on one micro-batch (the fastest of `reps`
     runs after a warm-up, since the minimum is the least noisy estimate on a shared CPU),
-    for the partitioner. One layer's graph at a time: every rank 0 runs this on the
-    whole model before training, where pass_times' memory (a whole pass's activations
-    and every gradient) could be more than the host has."""
-    layers = build_layers(spec, seed)
-    acts = [inputs]
-    with torch.no_grad():
-        for layer in layers:
-            acts.append(layer(acts[-1]))
-    times = []
-    for i, layer in enumerate(layers):
+    for the partitioner. Rank 0 runs this on the whole model before training, so it holds
+    one layer and one activation at a time: building the whole model at once would put
+    every stage's weights on one rank (gpt2-xl: 6 GiB) before the memory pre-check's
+    figures for it hold (pass_times' whole pass is for `trirace profile`)."""
+    n = len(layer_names(spec))
+    times, h = [], inputs
+    for i in range(n):
+        layer = build_layer(spec, i, seed)
         best = float("inf")
         for _ in range(reps + 1):
-            x = acts[i].detach().requires_grad_(acts[i].is_floating_point())
+            x = h.detach().requires_grad_(h.is_floating_point())
             t0 = time.perf_counter()
             y = layer(x)
-            if i == len(layers) - 1:
+            if i == n - 1:
                 loss_of(spec)(y, targets).backward()
             else:
                 y.backward(torch.ones_like(y))
             best = min(best, time.perf_counter() - t0)
             layer.zero_grad(set_to_none=True)
         times.append(best)
+        if i < n - 1:
+            with torch.no_grad():
+                h = layer(h)
     return times

@@ -18,21 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..models import ModelSpec, layer_names
+from ..models.build import layer_flops
 from .calibration import Calibration
 from .cluster import Device
 
 OPT_BYTES_PER_PARAM = {"adam": 36, "adamw": 36, "sgd": 16, "muon": 36}  # muon: at most AdamW's
-
-
-def layer_flops(spec: ModelSpec, batch: int, seq: int) -> list[float]:
-    d, v, tokens = spec.d_model, spec.vocab_size, batch * seq
-    if spec.arch == "llama":  # q and o, k and v (grouped), gate, up and down
-        kv = spec.kv_heads * (d // spec.n_heads)
-        block = 2 * tokens * (2 * d * d + 2 * d * kv + 3 * d * spec.d_ff) + 4 * batch * seq * seq * d
-    else:
-        block = 2 * tokens * (4 * d * d + 2 * d * spec.d_ff) + 4 * batch * seq * seq * d
-    head = 2 * tokens * d * v + (2 * tokens * d * d if spec.arch == "bert" else 0)
-    return [0.0, *([float(block)] * spec.n_layers), 0.0, float(head)]
 
 
 @dataclass(frozen=True)
