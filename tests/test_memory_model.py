@@ -7,7 +7,8 @@ import torch
 from trirace.config import make_config
 from trirace.models import build_layers, layer_names
 from trirace.models.build import loss_of
-from trirace.plan.memory import estimate, stage_memory
+from trirace.errors import UsageError
+from trirace.plan.memory import check_memory, estimate, stage_memory
 
 
 def saved_bytes(model: str, **shape) -> list[int]:
@@ -61,3 +62,15 @@ def test_the_estimate_sizes_the_stages_the_job_runs():
     by_time = estimate(cfg, 1e12, "x")
     assert by_time.per_rank != by_params.per_rank
     assert by_time.per_rank == pytest.approx(head_alone.per_rank, rel=0.01)  # the norm's side is a tie in FLOPs
+
+
+def test_a_job_that_fits_only_without_the_retained_heap_is_warned(capsys):
+    cfg = make_config({"model": "gpt-tiny", "pp": 2})
+    peak = estimate(cfg, 1e12, "x").peak
+    assert check_memory(cfg, 4, False, budget=(2 * peak, "room")).fits
+    assert capsys.readouterr().err == ""
+    assert check_memory(cfg, 4, False, budget=(1.2 * peak, "little room")).fits
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "warning" in err and "TRIRACE_MALLOC=off" in err
+    with pytest.raises(UsageError, match="GiB over"):
+        check_memory(cfg, 4, False, budget=(0.9 * peak, "no room"))

@@ -17,6 +17,7 @@ from trirace.cli import main
 from trirace.config import make_config
 from trirace.errors import Diverged
 from trirace.obs.commcheck import check
+from trirace.plan.memory import RETAINED_UP_TO, estimate
 from trirace.runtime import run_local
 
 BASE = dict(model="gpt-test", data="synthetic", pp=2, dp=2, micro_batches=4, micro_batch_size=2, seq_len=16,
@@ -100,6 +101,12 @@ def test_recompute_gives_the_same_losses_with_less_memory():
     peak = max(without[-1]["rank_peak_rss_mb"][:2])
     print(f"stage 0 peak RSS: {peak_rc:.0f} MB with --recompute, {peak:.0f} MB without")
     assert peak_rc < peak - 30, (peak_rc, peak)
+    # the memory model (plan/memory.py) holds both: not below what ran, nor more than the
+    # allocator's measured retention over it
+    for got, rc in ((peak_rc, True), (peak, False)):
+        est = estimate(make_config(shape, recompute=rc), 1e12, "here").per_rank[0] / 2**20
+        print(f"stage 0 estimate {est:.0f} MB, measured {got:.0f} MB (recompute={rc})")
+        assert 0.8 * est <= got <= RETAINED_UP_TO * est, (rc, est, got)
 
 
 def test_bf16_tracks_fp32_and_halves_the_reduction_bytes(tmp_path):
