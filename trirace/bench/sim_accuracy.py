@@ -191,7 +191,7 @@ def markdown(payload: dict, where: Path) -> str:
                          f"{r['measured_exposed_p2p_s']:.3f} / "
                          f"{r['predicted_exposed_p2p_s']:.3f} | {r['measured_exposed_allreduce_s']:.3f} / "
                          f"{r['predicted_exposed_allreduce_s']:.3f} |")
-    lines += ["", summary(errors), f"With the replicas folded into one per stage: {summary(folded)}"]
+    lines += ["", summary(errors), misses(payload), f"With the replicas folded into one per stage: {summary(folded)}"]
     if at_host:
         lines.append(f"With compute re-measured alone around each cell: {summary(at_host)}")
     return "\n".join(lines + ["", calibrations(payload, where)] + host_speed(payload, where))
@@ -216,6 +216,18 @@ def summary(errors: list[float]) -> str:
     return (f"{sum(e <= TARGET for e in errors)} of {len(errors)} predictions within {100 * TARGET:.0f}%; mean "
             f"|error| {100 * sum(errors) / len(errors):.1f}%, median {100 * errors[len(errors) // 2]:.1f}%, "
             f"worst {100 * errors[-1]:.1f}%")
+
+
+def misses(payload: dict) -> str:
+    """Which misses the measurement's own spread covers: the prediction lies between the
+    fastest and the slowest of the policy's rounds in that cell."""
+    rows = [(c["name"], r) for c in payload["cells"] for r in c["results"] if abs(r["error"]) > TARGET]
+    if not rows:
+        return "No prediction misses."
+    covered = [f"{name} {r['policy']}" for name, r in rows if min(r["rounds_s"]) <= r["predicted_s"] <= max(r["rounds_s"])]
+    under = sum(r["error"] < 0 for c in payload["cells"] for r in c["results"])
+    return (f"Of the {len(rows)} misses, {len(covered)} lie within their rounds' range ({', '.join(covered) or 'none'}); "
+            f"{under} of {sum(len(c['results']) for c in payload['cells'])} predictions are under.")
 
 
 def calibrations(payload: dict, where: Path) -> str:
