@@ -38,8 +38,8 @@ GiB = 2**30
 # The estimate counts live tensors. The ranks' allocator settings (runtime/allocator.py: no
 # mmap, no trim below 1 GiB) keep freed memory in the process, and a stage that frees and
 # re-allocates large buffers every micro-batch fragments its heap. Peak resident over the
-# estimate, 6-step jobs on this host (stop 31): first stage 0.98-1.07x; the head's stage
-# (gpt-tiny's 32-64 MiB logits) 1.37-1.72x; without the settings 1.02-1.27x. No model of
+# estimate, 6-step jobs on this host (stop 31): first stage 0.99-1.07x; the head's stage
+# (gpt-tiny's 32-64 MiB logits) 1.37-1.72x; without the settings 1.04-1.27x. No model of
 # glibc's fragmentation is attempted: a job within this factor of its budget is warned.
 RETAINED_UP_TO = 1.75
 
