@@ -217,7 +217,7 @@ def _show_plan(cfg: TrainConfig, as_json: bool) -> int:
     import json
 
     from .plan.job import plan_job
-    from .plan.memory import RETAINED_UP_TO, GiB, estimate, host_budget
+    from .plan.memory import GiB, estimate, host_budget, retained_factor
     from .plan.topology import load_topology, single_node
     from .runtime.checkpoint import resume_line, resume_point
     from .runtime.launch import prepare, resolve_backend
@@ -230,9 +230,11 @@ def _show_plan(cfg: TrainConfig, as_json: bool) -> int:
         print(json.dumps(plan.to_dict(), indent=2))
         return 0
     print(plan.describe())
-    est = estimate(cfg, *host_budget(cfg.world_size, on_gpu=resolve_backend(cfg.backend, cfg.world_size) == "nccl"))
-    print(f"memory: about {', '.join(f'{x / GiB:.2f}' for x in est.per_rank)} GiB per rank at the peak, by stage "
-          f"(up to {RETAINED_UP_TO}x with the heap the allocator keeps); {est.where} is {est.budget / GiB:.1f} GiB")
+    on_gpu = resolve_backend(cfg.backend, cfg.world_size) == "nccl"
+    est = estimate(cfg, *host_budget(cfg.world_size, on_gpu))
+    kept = f" (up to {retained_factor(on_gpu)}x with the heap the allocator keeps)" if not on_gpu else ""
+    print(f"memory: about {', '.join(f'{x / GiB:.2f}' for x in est.per_rank)} GiB per rank at the peak, by stage"
+          f"{kept}; {est.where} is {est.budget / GiB:.1f} GiB")
     if cfg.probe:
         print("(links as given; train probes them at start-up, which can change trirace's chunk size)")
     if line := resume_line(cfg, *resume_point(cfg, cfg.partition)):

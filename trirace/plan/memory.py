@@ -41,7 +41,16 @@ GiB = 2**30
 # estimate, 6-step jobs on this host (stop 31): first stage 0.99-1.07x; the head's stage
 # (gpt-tiny's 32-64 MiB logits) 1.37-1.72x; without the settings 1.04-1.27x. No model of
 # glibc's fragmentation is attempted: a job within this factor of its budget is warned.
+# (On GPUs the device memory is torch's caching allocator's, not measured here: no warning.)
 RETAINED_UP_TO = 1.75
+RETAINED_MALLOC_OFF = 1.3
+
+
+def retained_factor(on_gpu: bool) -> float:
+    """Peak resident memory over the estimate the ranks' allocator may reach here."""
+    if on_gpu:
+        return 1.0
+    return RETAINED_MALLOC_OFF if os.environ.get("TRIRACE_MALLOC") == "off" else RETAINED_UP_TO
 
 
 def block_values(spec: ModelSpec, batch: int, seq: int) -> int:
@@ -104,10 +113,9 @@ class Estimate:
     def fits(self) -> bool:
         return self.peak <= self.budget
 
-    @property
-    def tight(self) -> bool:
-        """Fits as estimated, but not with the heap the allocator may keep (RETAINED_UP_TO)."""
-        return self.fits and self.peak * RETAINED_UP_TO > self.budget
+    def tight(self, retained: float) -> bool:
+        """Fits as estimated, but not with the heap the allocator may keep (`retained` times it)."""
+        return self.fits and self.peak * retained > self.budget
 
 
 def estimate(cfg, budget: float, where: str, **changes) -> Estimate:
@@ -161,10 +169,12 @@ def check_memory(cfg, local_ranks: int, on_gpu: bool, budget: tuple[float, str] 
     fit. Returns the estimate otherwise."""
     bytes_, where = budget or host_budget(local_ranks, on_gpu)
     est = estimate(cfg, bytes_, where)
-    if est.tight:
+    retained = retained_factor(on_gpu)
+    if est.tight(retained):
+        off = "" if retained == RETAINED_MALLOC_OFF else " (TRIRACE_MALLOC=off returns most of it, for some speed)"
         print(f"trirace: warning: {cfg.model} needs about {est.peak / GiB:.1f} GiB per rank and {where} is "
-              f"{bytes_ / GiB:.1f} GiB; freed memory the allocator keeps has taken up to {RETAINED_UP_TO}x the "
-              "estimate here (TRIRACE_MALLOC=off returns it, for some speed)", file=sys.stderr, flush=True)
+              f"{bytes_ / GiB:.1f} GiB; freed memory the allocator keeps has taken up to {retained}x the "
+              f"estimate here{off}", file=sys.stderr, flush=True)
     if est.fits:
         return est
     stage = est.per_rank.index(est.peak)
