@@ -9,6 +9,7 @@ import torch
 
 from ..models import ModelSpec, build_layer, build_layers, layer_names
 from ..models.build import loss_of
+from . import allocator
 
 
 def pass_times(spec: ModelSpec, inputs: torch.Tensor, targets: torch.Tensor, seed: int,
@@ -53,10 +54,13 @@ def profile_layers(spec: ModelSpec, inputs: torch.Tensor, targets: torch.Tensor,
                    reps: int = 3) -> list[float]:
     """Seconds of forward + backward per layer on one micro-batch (the fastest of `reps`
     runs after a warm-up, since the minimum is the least noisy estimate on a shared CPU),
-    for the partitioner. Rank 0 runs this on the whole model before training, so it holds
-    one layer and one activation at a time: building the whole model at once would put
-    every stage's weights on one rank (gpt2-xl: 6 GiB) before the memory pre-check's
-    figures for it hold (pass_times' whole pass is for `trirace profile`)."""
+    for the partitioner. The launcher (or torchrun's rank 0) runs this on the whole model
+    before training and stays alive through it, so it holds one layer and one activation
+    at a time (the whole model at once is every stage's weights on one process: gpt2-xl,
+    6 GiB), and hands each layer's pages back to the kernel when done with it: under the
+    ranks' malloc settings (runtime/allocator.py) the heap would keep them, and with them
+    the peak of the largest layer's repetitions (gpt2-small: ~800 MB) for the whole run.
+    (pass_times' whole pass is for `trirace profile`.)"""
     n = len(layer_names(spec))
     times, h = [], inputs
     for i in range(n):
@@ -76,4 +80,6 @@ def profile_layers(spec: ModelSpec, inputs: torch.Tensor, targets: torch.Tensor,
         if i < n - 1:
             with torch.no_grad():
                 h = layer(h)
+        del layer, x, y
+        allocator.release()  # the layer's pages, before the next one's (the ranks' malloc keeps them)
     return times
