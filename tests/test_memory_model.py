@@ -15,10 +15,9 @@ from trirace.errors import UsageError
 from trirace.plan.memory import check_memory, estimate, stage_memory
 
 
-def saved_bytes(model: str, **shape) -> list[int]:
+def saved_bytes(cfg) -> list[int]:
     """Bytes of the distinct tensors each layer saves for backward on one micro-batch
     (weights excluded: the model counts them apart), the last layer with its loss."""
-    cfg = make_config({"model": model, "data": "synthetic", **shape})
     spec = cfg.spec
     layers = build_layers(spec, 0)
     weights = {p.untyped_storage().data_ptr() for layer in layers for p in layer.parameters()}
@@ -48,7 +47,7 @@ def test_activations_per_layer_are_what_autograd_keeps(model, shape):
     """Each layer's modelled activation bytes per micro-batch (one in flight, nothing
     rebuilt) within 10% of what it really saves, or within a few KiB for the small ones."""
     cfg = make_config({"model": model, "data": "synthetic", **shape})
-    real = saved_bytes(model, **shape)
+    real = saved_bytes(cfg)
     names = layer_names(cfg.spec)
     for i, got in enumerate(real):
         modelled = stage_memory(cfg.spec, range(i, i + 1), cfg.micro_batch_size, cfg.tokens_seq, 1, 1)["activations"]
