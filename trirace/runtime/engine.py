@@ -61,6 +61,7 @@ class Engine:
         self.step_now = -1  # the global step of the latest forward, for failure messages
         self.progress = os.environ.get("TRIRACE_PROGRESS_FILE")
         self.m = schedule.micro_batches
+        self.norm_of_step: dict[int, tuple[float, bool]] = {}  # OPT's global norm, awaited before its timing
         self.inputs: dict[int, torch.Tensor] = {}  # received activation (requires grad)
         self.outputs: dict[int, torch.Tensor] = {}  # stage output, or the scaled loss on the last stage
         self.out_grads: dict[int, torch.Tensor] = {}  # received gradient of the output
@@ -114,10 +115,19 @@ class Engine:
             torch.autograd.backward(y, self.out_grads.pop(k))
         self.comm.backward_ends(step, last)
 
+    def await_update(self, step: int) -> tuple[float, bool]:
+        """What OPT waits for: the tied weight's reduction, then the step's global norm, which
+        needs every stage's gradient summed over its replicas. Both waits are exposed
+        all-reduce time (the simulator counts them so too), not the update's compute."""
+        self.comm.before_update(step)
+        t0 = time.perf_counter()
+        got = self.comm.norms.wait(step)
+        self.comm.stats.add(step, kind="allreduce", exposed_s=time.perf_counter() - t0)
+        return got
+
     def update(self, step: int) -> None:
         """OPT: every rank reads the same global norm, so every rank makes the same choice."""
-        self.comm.before_update(step)
-        norm, bad_loss = self.comm.norms.wait(step)
+        norm, bad_loss = self.norm_of_step.pop(step)
         global_step = step + self.model.offset
         skip = bad_loss or not math.isfinite(norm)
         if skip and self.rule.on_nonfinite == "stop":
@@ -163,6 +173,8 @@ class Engine:
             if a.op is Op.AR:
                 self.comm.reduce(a.index)
                 continue
+            if a.op is Op.OPT:
+                self.norm_of_step[a.index] = self.await_update(a.index)
             t0, c0 = time.perf_counter(), time.thread_time()
             compute[a.op](a.index)
             if self.device.type == "cuda":  # kernels run asynchronously: time them, not their launch

@@ -14,6 +14,9 @@ the runtime's threads and gloo do is mirrored too: receives are posted as the dr
 a transfer moves once both ends are posted, asynchronous
 all-reduces queue on the group's `collective_streams` workers, while sparse exchanges and
 hierarchical all-reduces run on the launcher itself and hold it until they end.
+Every OPT waits for the step's global gradient norm (runtime/gradnorm.py): a world-wide
+all-reduce to which each rank contributes once its gradient of the step is summed over its
+replicas, so no stage updates before every stage has reduced.
 
 Time advances through a heap of events; every transfer and every computation is a flow
 on the max-min network, so computation that shares a CPU pool slows down like
@@ -137,6 +140,8 @@ class _Rank:
         self.in_flight_mb = 0
         self.peak_in_flight = 0
         self.rec = Recorder(self.rank, enabled=sim.record)
+        self.norm_next = 0  # the next step whose norm contribution this rank issues (in order)
+        self.norm_final: set[int] = set()  # steps whose gradient is final here, not yet issued
         if not self.policy.blocking:
             self._post_recvs()
 
@@ -163,20 +168,34 @@ class _Rank:
                 self.pc += 1
 
     def _update(self, a: Action) -> None:
-        sim = self.sim
-        if not sim.ties(self.stage) or (self.replica, a.index) in sim.tie_done:
+        """OPT: after the tied weight's reduction where there is one, then the step's global
+        norm; both waits are exposed all-reduce time, as the runtime counts them."""
+        sim, step = self.sim, a.index
+
+        def arrived() -> bool:
+            return step in sim.norm_done and (not sim.ties(self.stage) or (self.replica, step) in sim.tie_done)
+        if arrived():
             self._compute(a, self.work.optimizer_s)
             return
         t0 = sim.now
 
-        def tied() -> bool:
-            if (self.replica, a.index) not in sim.tie_done:
+        def ready() -> bool:
+            if not arrived():
                 return False
-            self.stats(a.index).exposed["allreduce"] += sim.now - t0
+            self.stats(step).exposed["allreduce"] += sim.now - t0
             self.waiting = None
             self._compute(a, self.work.optimizer_s)
             return self.waiting is None  # done at once (a zero-second update)
-        self._block(tied)
+        self._block(ready)
+
+    def _gradient_final(self, step: int) -> None:
+        """This rank's gradient of `step` is summed over its replicas: its norm contribution
+        goes once every earlier step's has (gradnorm.py issues strictly in step order)."""
+        self.norm_final.add(step)
+        while self.norm_next in self.norm_final:
+            self.norm_final.discard(self.norm_next)
+            self.sim.norm_arrive(self.norm_next)
+            self.norm_next += 1
 
     def stats(self, step: int) -> StepStats:
         return self.sim.stats.setdefault((self.stage, self.replica, step), StepStats())
@@ -211,7 +230,8 @@ class _Rank:
         last = (a.index + 1) % self.sim.schedule.micro_batches == 0
         self.in_flight_mb -= 1
         if not (self.driver.reduces and last):
-            self._compute(a, sum(self.work.backward_s))
+            final = (lambda: self._gradient_final(step)) if last and not self.has_dp else None
+            self._compute(a, sum(self.work.backward_s), final)
             return
         self.driver.backward_begins(step)
         t0 = self.sim.now
@@ -275,6 +295,10 @@ class _Rank:
     def kick(self) -> None:
         """The launcher thread's loop: take what the policy admits and launch it in order."""
         while not self.launcher_busy:
+            step = self.norm_next  # as the runtime's launcher: a reduced step's norm goes first
+            if self.driver.reduces and step in self.driver.pending and self.driver.reduced(step):
+                self._gradient_final(step)
+                continue
             if not self.launch_queue:
                 self.launch_queue.extend(self.driver.launches(self.sim.now))
                 if not self.launch_queue:
@@ -329,6 +353,10 @@ class _Rank:
         def complete() -> bool:
             if not self.driver.reduced(step):
                 return False
+            if self.policy.blocking:
+                self._gradient_final(step)
+            elif self.norm_next <= step:  # the launcher issues the step's norm before AR ends
+                return False
             _, kind = self.driver.close_step(step)
             self.stats(step).exposed[kind.value] += sim.now - t0
             sim.tie_arrive(self, step)
@@ -365,6 +393,8 @@ class Simulation:
         self.send_buffer = send_buffer or {}
         self.tie_arrived: dict[tuple[int, int], int] = {}  # (replica, step) -> ends that issued it
         self.tie_done: set[tuple[int, int]] = set()
+        self.norm_arrived: dict[int, int] = {}  # step -> ranks that issued its norm contribution
+        self.norm_done: set[int] = set()
         self.collective_streams = collective_streams
         self.record = record
         self.now = 0.0
@@ -500,6 +530,24 @@ class Simulation:
             for s in (0, self.schedule.n_stages - 1):
                 self.rank_at[(s, end.replica)].resume()
         self.transfer([half, half], done)
+
+    # ------------------------------------------------------------ the global gradient norm
+
+    def norm_arrive(self, step: int) -> None:
+        """A rank issued its contribution to step `step`'s norm. The world all-reduce of a
+        few numbers completes a ring's worth of latencies after the last rank issues it."""
+        self.norm_arrived[step] = self.norm_arrived.get(step, 0) + 1
+        if self.norm_arrived[step] < len(self.ranks):
+            return
+        del self.norm_arrived[step]
+        topo, world = self.fabric.topo, self.fabric.layout.world_size
+        latency = max(topo.inter.latency_s if topo.nodes > 1 else 0.0, topo.intra.latency_s)
+
+        def done():
+            self.norm_done.add(step)
+            for r in self.ranks:
+                r.resume()
+        self.at(self.now + 2 * (world - 1) * latency, done)
 
     # ------------------------------------------------------------ P2P matching
 
