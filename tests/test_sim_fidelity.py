@@ -117,7 +117,7 @@ def test_measured_host_figures_slow_the_simulated_testbed():
 
 def test_profile_measures_what_ranks_sharing_cores_cost_each_other():
     cfg = make_config({"model": "gpt-test", "pp": 1, "dp": 2, "data": "synthetic"})
-    got = cpu_contention(cfg, 2, 1, seconds=0.3, rounds=2)
+    got = cpu_contention(cfg, 2, 1, seconds=0.4)
     curve = got.throughput
     # Only what load on the machine cannot move: real processes measured something, and
     # k of them never get more than k times one's best (nor two cores more than ~2x).

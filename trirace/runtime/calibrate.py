@@ -226,52 +226,41 @@ class Contention:
     spread: list[float]  # [k-1]: coefficient of variation of one iteration's time among them
 
 
-def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float = 4.0, rounds: int = 3,
+def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float = 6.0,
                    timeout_s: float = 300) -> Contention:
     """Run k processes computing the model at once (each with `threads` threads), for
-    k = 1..workers, `rounds` times over. Throughput: the sum over the k of best / mean
-    iteration time, where best is one process's fastest alone in the same round. The
-    per-layer times are fastest-of-a-few too, so the curve turns them into what k
-    processes really get done (k=1 included). Each k keeps its median over the rounds:
-    one pass's unit and windows catch the host's drift (stop 32's matrix: one 250 Mbit
-    calibration's curve came 5% above the other three at 4 processes, and all eight of its
-    predictions under). Spread: how much an iteration's time varies, over every iteration
-    of k processes (the OS hands the cores out unevenly; the simulator draws compute
-    times with it). Each window opens once every process is computing (a ready file each,
-    then a go file)."""
-    got: dict[int, list[float]] = {k: [] for k in range(1, workers + 1)}
-    times: dict[int, list[float]] = {k: [] for k in got}
+    k = 1..workers. Throughput: the sum over the k of best / mean iteration time, where best
+    is one process's fastest alone. The per-layer times are fastest-of-a-few too, so the
+    curve turns them into what k processes really get done (k=1 included). Spread: how much
+    an iteration's time varies, over all k processes' iterations (the OS hands the cores
+    out unevenly; the simulator draws compute times with it). The window opens once every
+    process is computing (a ready file each, then a go file)."""
+    out, spread = [], []
     with tempfile.TemporaryDirectory(prefix="trirace-contend-") as tmp:
         job = Path(tmp) / "cfg.json"
         job.write_text(json.dumps(cfg.model_dump(mode="json")))
-        for r in range(rounds):
-            best = None
-            for k in got:
-                runs = _compute_together(job, k, threads, seconds, Path(tmp) / f"r{r}k{k}", timeout_s)
-                best = best or runs[0]["best"]  # this round's unit: one process alone, at its fastest
-                got[k].append(sum(best / g["mean"] for g in runs))
-                times[k] += [t for g in runs for t in g["times"]]
-    return Contention([statistics.median(got[k]) for k in got],
-                      [statistics.pstdev(times[k]) / statistics.fmean(times[k]) for k in got])
-
-
-def _compute_together(job: Path, k: int, threads: int, seconds: float, prefix: Path, timeout_s: float) -> list[dict]:
-    """k processes computing the model in one window: each one's iteration times."""
-    files = [Path(f"{prefix}-{i}.json") for i in range(k)]
-    go = Path(f"{prefix}-go")
-    procs = [subprocess.Popen(["timeout", "-k", "5", str(timeout_s), sys.executable, "-c", _CONTEND, str(job),
-                               str(threads), str(go), str(seconds), str(f)]) for f in files]
-    deadline = time.time() + timeout_s
-    while not all(Path(f"{f}.ready").exists() for f in files):
-        if time.time() > deadline or any(p.poll() is not None for p in procs):
-            break
-        time.sleep(0.05)
-    tmp_go = go.with_suffix(".tmp")
-    tmp_go.write_text(str(time.time() + 0.5))  # a warm half second with all k computing
-    os.replace(tmp_go, go)
-    if any(p.wait() for p in procs) or not all(f.exists() for f in files):
-        raise UsageError(f"CPU contention measurement failed with {k} processes")
-    return [json.loads(f.read_text()) for f in files]
+        for k in range(1, workers + 1):
+            files = [Path(tmp) / f"k{k}-{i}.json" for i in range(k)]
+            go = Path(tmp) / f"go{k}"
+            procs = [subprocess.Popen(["timeout", "-k", "5", str(timeout_s), sys.executable, "-c", _CONTEND, str(job),
+                                       str(threads), str(go), str(seconds), str(f)]) for f in files]
+            deadline = time.time() + timeout_s
+            while not all(Path(f"{f}.ready").exists() for f in files):
+                if time.time() > deadline or any(p.poll() is not None for p in procs):
+                    break
+                time.sleep(0.05)
+            tmp_go = go.with_suffix(".tmp")
+            tmp_go.write_text(str(time.time() + 0.5))  # a warm half second with all k computing
+            os.replace(tmp_go, go)
+            if any(p.wait() for p in procs) or not all(f.exists() for f in files):
+                raise UsageError(f"CPU contention measurement failed with {k} processes")
+            got = [json.loads(f.read_text()) for f in files]
+            if k == 1:
+                best = got[0]["best"]
+            out.append(sum(best / g["mean"] for g in got))
+            times = [t for g in got for t in g["times"]]
+            spread.append(statistics.pstdev(times) / statistics.fmean(times))
+    return Contention(out, spread)
 
 
 _BESIDE = r"""
