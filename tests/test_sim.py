@@ -171,6 +171,26 @@ def test_pipeline_without_communication_takes_its_compute_critical_path(kind, d,
     assert sim.now == pytest.approx(_critical_path(sched, fwd, bwd, opt), rel=1e-9)
 
 
+def test_no_stage_updates_before_every_stage_has_reduced():
+    # The global norm: stage 0's gradient is large and its all-reduce slow, the head's tiny.
+    # Under fifo each stage reduces asynchronously, yet no head OPT may end before stage
+    # 0's reduction of the same step (runtime/gradnorm.py), and the head's wait for it is
+    # exposed all-reduce time.
+    topo = Topology(4, 1, Link(8e10, 0.0), Link(8e7, 1e-4))
+    fab = Fabric(Layout(2, 2, "dp-inner"), topo)
+    stages = [_stage(0.01, [0.01], [n], "fifo", lambda c: ring(("ring", s), 2, c.nbytes, fab.latency[("ring", s)]),
+                     opt=0.001) for s, n in enumerate((2_000_000, 1000))]
+    sim = Simulation(schedule_for_policy(build_schedule("2bw", 2, 2, 4), True, False), fab, stages, 4000,
+                     record=True)
+    sim.run()
+    reduced = {int(name[2:].split(".")[0]): t1 for track, _, name, _, t1, _ in sim.rank_at[(0, 0)].rec.spans
+               if track == "allreduce"}
+    assert len(reduced) == 4 and min(reduced.values()) > 0.1  # 8 MB at 10 MB/s: slow
+    for step, t in reduced.items():
+        assert sim.stats[(1, 0, step)].end >= t
+    assert sum(sim.stats[(1, 0, t)].exposed["allreduce"] for t in range(4)) > 0.5
+
+
 def test_iteration_time_is_never_below_the_lower_bound():
     # Every combination (not a sample): the bound must hold for all of them.
     for pp, dp in [(1, 4), (2, 2), (4, 1), (2, 1)]:
