@@ -156,6 +156,12 @@ class StageDriver:
     def reduced(self, step: int) -> bool:
         return all(c in self.done for c in self.plan(step))
 
+    def summed(self, step: int) -> bool:
+        """`step`'s asynchronous reduction is open and every chunk of it is done: its
+        gradient is summed over the replicas, so its norm contribution goes now, before
+        any further chunk launches (runtime/gradnorm.py)."""
+        return step in self.pending and self.reduced(step)
+
     def close_step(self, step: int) -> tuple[list[Chunk], Kind]:
         """Forget a reduced step; returns its chunks and the kind whose wait was exposed last."""
         chunks = self.chunks.pop(step)

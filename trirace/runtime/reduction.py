@@ -116,8 +116,8 @@ class Reduction:
 
     def _norm_due(self) -> int | None:
         """The next step whose every chunk is done but whose norm is not issued (under cond)."""
-        step, driver = self.c.norms.next, self.c.driver
-        return step if step in driver.pending and driver.reduced(step) else None
+        step = self.c.norms.next
+        return step if self.c.driver.summed(step) else None
 
     def _launch(self, c: Chunk) -> None:
         self.c.log.follows(self.after.get(c.step, []))

@@ -295,9 +295,8 @@ class _Rank:
     def kick(self) -> None:
         """The launcher thread's loop: take what the policy admits and launch it in order."""
         while not self.launcher_busy:
-            step = self.norm_next  # as the runtime's launcher: a reduced step's norm goes first
-            if self.driver.reduces and step in self.driver.pending and self.driver.reduced(step):
-                self._gradient_final(step)
+            if self.driver.summed(self.norm_next):  # as the runtime's launcher: that step's norm goes first
+                self._gradient_final(self.norm_next)
                 continue
             if not self.launch_queue:
                 self.launch_queue.extend(self.driver.launches(self.sim.now))
