@@ -78,6 +78,12 @@ def test_metrics_report_exposed_communication(pp2dp2):
         # they compare over the whole run.
         exposed = sum(r["exposed_p2p_s"] + r["exposed_allreduce_s"] for r in rows)
         assert exposed < sum(r["step_time_s"] for r in rows)
+        # CPU per rank over the run: the process (every thread) holds the engine thread,
+        # which holds its compute; each rank's own slot is filled
+        for i in range(c.world_size):
+            compute, engine, process = (sum(r[k][i] for r in rows)
+                                        for k in ("rank_compute_cpu_s", "rank_engine_cpu_s", "rank_cpu_s"))
+            assert 0 < compute <= engine <= process, (c.comm_policy, i, compute, engine, process)
     blocking = res[0]
     assert sum(r["exposed_allreduce_s"] for r in blocking) > 0  # blocking waits for every reduction
 

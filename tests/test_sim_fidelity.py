@@ -21,6 +21,7 @@ from trirace.config import make_config
 from trirace.errors import UsageError
 from trirace.models.build import layer_param_numels
 from trirace.plan import Layout, build_schedule
+from trirace.plan.bounds import steady_steps
 from trirace.plan.topology import Link, Topology
 from trirace.runtime.calibrate import compute_now, cpu_contention, layer_times, link_share, probe_pair
 from trirace.sim import report
@@ -57,6 +58,41 @@ def test_a_resource_with_a_load_curve_slows_every_flow_on_it():
     net.start("b", 1.0, ((cpu, 1.0),), 0.0)
     assert net.rate("a") == net.rate("b") == pytest.approx(0.75)  # two workers get 1.5 between them
     assert net.next_completion() == pytest.approx(1 / 0.75)
+
+
+def test_the_shared_cores_cpu_is_counted_by_what_each_flow_got_of_the_busy_cores():
+    # Two cores that do 1.5 work-seconds per second with two workers on them: each worker
+    # has a whole core and gets 0.75 work done per second, so 1 work-second costs 4/3 CPU
+    # seconds. A transfer's CPU flow alongside makes three loads on the two cores.
+    net = Network()
+    cpu = net.resource("cpu", 2.0, HostCpu(2, (1.0, 1.5, 1.2)).capacity)
+    net.start("a", 1.0, ((cpu, 1.0),), 0.0, tag="compute")
+    net.start("b", 1.0, ((cpu, 1.0),), 0.0, tag="compute")
+    assert net.cpu_at(0.4) == pytest.approx({"compute": 0.8})  # two busy cores for 0.4 s; nothing moved yet
+    assert net.cpu_s == {}
+    net.start("t", 0.2, ((cpu, 1.0),), 0.4, tag="transfer")  # three loads: 1.2 work/s, 0.4 each, all of 2 cores
+    assert net.rate("t") == pytest.approx(0.4)
+    t = 0.4 + 0.2 / 0.4
+    assert net.finished(t) == ["t"]
+    assert net.cpu_s == pytest.approx({"compute": 0.8 + 2 * 0.5 * 2 / 3, "transfer": 0.5 * 2 / 3})
+    net.start("idle", 1.0, ((net.resource("link", 1.0), 1.0),), t, tag="compute")  # no curve: not the cores'
+    assert sum(net.cpu_at(t + 0.1).values()) == pytest.approx(sum(net.cpu_s.values()) + 0.2)
+
+
+def test_simulated_cpu_per_step_is_the_work_done_at_the_curve_and_fits_in_the_cores():
+    cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 2, "micro_batches": 4, "micro_batch_size": 2,
+                       "seq_len": 64, "steps": 7, "data": "synthetic"})
+    numels = layer_param_numels(cfg.spec)
+    work = cfg.dp * (cfg.micro_batches * sum(f + b for f, b in zip(_HOST.forward_s, _HOST.backward_s))
+                     + _HOST.optimizer_s_per_param * sum(map(sum, numels)))
+    for policy in ("blocking", "fifo"):
+        r = simulate(cfg, load_cluster("testbed", nodes=4, ranks_per_node=1, link="250mbit"), policy, _HOST)
+        got = r.cpu_s_per_step
+        # a work-second costs min(k, 2) / curve(k) CPU seconds with k loads: 1/0.95 to 2/1.6
+        assert work / 0.95 * (1 - 1e-9) <= got["compute"] <= work * 2 / 1.6 * (1 + 1e-9), (policy, got, work)
+        assert got["transfer"] > 0  # the calibration prices every message and byte
+        steady = [r.step_times_s[t] for t in steady_steps(cfg.steps)]  # one simulated run (no spread measured)
+        assert sum(got.values()) <= 2 * sum(steady) / len(steady) * (1 + 1e-9)
 
 
 def test_a_transfer_costs_the_shared_cores_and_ends_with_its_cpu_work():
@@ -365,6 +401,9 @@ def test_no_simulated_run_beats_the_lower_bound(layout, where, rate, policy, tie
     r = simulate(cfg, cluster, policy, cal)
     assert r.iteration_time_s >= r.lower_bound_s * (1 - 1e-9), (r.iteration_time_s, r.bound_parts)
     assert 0 < r.overlap_efficiency <= 1 + 1e-9
+    if r.runs == 1 and cluster.shared_cores:  # nor does a step use more CPU than the cores have
+        steady = [r.step_times_s[t] for t in steady_steps(cfg.steps)]
+        assert sum(r.cpu_s_per_step.values()) <= cluster.shared_cores * sum(steady) / len(steady) * (1 + 1e-9)
 
 
 def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp_path):

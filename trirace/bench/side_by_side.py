@@ -56,6 +56,7 @@ class Result:
     exposed_allreduce_s: float | None
     losses: list[float]
     compute_cpu_s: list[float] | None = None  # per rank, the median step's compute CPU (the peer measures none)
+    cpu_s: list[float] | None = None  # per rank, the median step's CPU, every thread of the rank's process
 
 
 @contextmanager
@@ -133,7 +134,8 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
         b = bounds[s].seconds
         results.append(Result(s, base.tokens_per_step / step[s], step[s], per_round[s], b, b / step[s],
                               ref / step[s], med("exposed_p2p_s"), med("exposed_allreduce_s"), losses[s],
-                              _compute_cpu(rows[s]) if s in measured else None))
+                              _compute_cpu(rows[s]) if s in measured else None,
+                              _compute_cpu(rows[s], "rank_cpu_s") if s in measured else None))
     return {"config": {**base.model_dump(mode="json", exclude={"topology"}), "cluster": asdict(cluster),
                        "rounds": rounds, "warmup_steps": WARMUP_STEPS, "drain_steps": DRAIN_STEPS,
                        "lower_bound": {**asdict(reference), "binding": reference.binding,
@@ -155,9 +157,9 @@ def _link_load(cfg: TrainConfig, topo: Topology, rows: list[dict]) -> dict[tuple
     return plan_link_bytes(plan, cfg.micro_batches, cfg.activation_bytes, sent)
 
 
-def _compute_cpu(rows: list[dict]) -> list[float]:
-    """Each rank's compute CPU seconds in its median step."""
-    return [statistics.median(r["rank_compute_cpu_s"][i] for r in rows) for i in range(len(rows[0]["rank_compute_cpu_s"]))]
+def _compute_cpu(rows: list[dict], key: str = "rank_compute_cpu_s") -> list[float]:
+    """Each rank's compute CPU seconds in its median step (or another per-rank figure)."""
+    return [statistics.median(r[key][i] for r in rows) for i in range(len(rows[0][key]))]
 
 
 def _bound(cfg: TrainConfig, topo: Topology, rows: list[dict], load: dict[tuple[int, str], float]) -> Bound:

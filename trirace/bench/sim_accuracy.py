@@ -13,14 +13,16 @@ and spread, the CPU cost of transfers, the data's touched rows); nothing is fitt
 measured step times. Each row also gives the prediction with the replicas folded.
 Measurements are saved as each cell finishes, so a stopped matrix keeps what it measured,
 and `--resimulate` re-predicts them after a simulator change without measuring again.
-Each cell also records one micro-batch's compute before and after it, measured as the
-calibration measures it: a cell measured on a slower host than its calibration is
-predicted too fast (stop 28 saw 0.80-1.18x; stop 29 found most of that in the allocator,
-and calibration, those timings and the runs now share its settings, runtime/allocator.py). Beside
-each prediction stands the CPU the run's compute took over the calibration's for the same
-work (run_compute): the cost of shared cores and of transfers beside compute, which the
-simulator models, shows there. Writes accuracy.json, accuracy.md and accuracy.png
-(predicted against measured) to --out.
+Each cell also records the host as it was there: one micro-batch's compute before and
+after it, measured as the calibration measures it, and the shared cores' contention curve
+after it. A cell measured on a slower host than its calibration is predicted too fast
+(stop 28 saw 0.80-1.18x; stop 29 found most of that in the allocator, and calibration,
+those timings and the runs now share its settings, runtime/allocator.py); a column
+predicts with the host re-measured, to tell the host's drift from the model's error.
+Beside each prediction stand the CPU seconds per step every rank's process used (all its
+threads) and what the simulator charged the shared cores for them (computation and
+transfers): where the cores bind, a step cannot be predicted closer than that CPU is.
+Writes accuracy.json, accuracy.md and accuracy.png (predicted against measured) to --out.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from ..models.build import layer_param_numels
 from ..plan.layout import Layout
 from ..plan.partition import stage_ranges
 from ..runtime import allocator
-from ..runtime.calibrate import compute_now, profile
+from ..runtime.calibrate import compute_now, cpu_contention, profile
 from ..sim.calibration import Calibration, load_calibration
 from ..sim.cluster import load_cluster
 from ..sim.run import simulate
@@ -90,11 +92,14 @@ def main(argv: list[str] | None = None) -> int:
             threads = load_calibration(out / calibrations[c.link]).threads
             before = compute_now(cfg, threads)
             measured = side_by_side.run(cfg, c, POLICIES, args.rounds)
+            after = compute_now(cfg, threads)
+            contention = cpu_contention(cfg, cfg.world_size, threads)  # the shared cores as the cell left them
             cell = {"name": matrix.cell_name(c), "cluster": [c.nodes, c.ranks_per_node, c.link],
                     "config": measured["config"], "calibration": calibrations[c.link],
-                    "compute_s": [before, compute_now(cfg, threads)],
+                    "compute_s": [before, after],
+                    "contention_after": {"throughput": contention.throughput, "spread": contention.spread},
                     "measured": [{k: r[k] for k in ("system", "step_time_s", "round_steps_s", "exposed_p2p_s",
-                                                      "exposed_allreduce_s", "compute_cpu_s")}
+                                                      "exposed_allreduce_s", "compute_cpu_s", "cpu_s")}
                                  for r in measured["results"]]}
             cell["results"] = predict(cell, out)
             payload["cells"].append(cell)
@@ -123,11 +128,14 @@ def predict(cell: dict, where: Path) -> list[dict]:
         folded = simulate(job, cluster, m["system"], cal, unfold=False)
         row = {}
         if cell.get("compute_s"):  # (files from before stop 27 lack it)
-            at_host, speed = at_host_speed(cal, statistics.mean(cell["compute_s"]))
+            at_host, speed = at_host_speed(cal, statistics.mean(cell["compute_s"]), cell.get("contention_after"))
             row = {"host_compute": speed,
                    "host_compute_error": simulate(job, cluster, m["system"], at_host).iteration_time_s / m["step_time_s"] - 1}
         if m.get("compute_cpu_s") and job.partition:  # (files from before stop 28 lack it)
             row["run_compute"] = run_compute(cal, job, m["compute_cpu_s"])
+        if m.get("cpu_s"):  # (files from before stop 33 lack it)
+            row["measured_cpu_s"] = sum(m["cpu_s"])
+        row["predicted_cpu_s"] = pred.cpu_s_per_step
         rows.append({"policy": m["system"], "measured_s": m["step_time_s"], "predicted_s": pred.iteration_time_s,
                      "error": pred.iteration_time_s / m["step_time_s"] - 1,
                      "folded_error": folded.iteration_time_s / m["step_time_s"] - 1, **row,
@@ -138,11 +146,15 @@ def predict(cell: dict, where: Path) -> list[dict]:
     return rows
 
 
-def at_host_speed(cal: Calibration, seconds: float) -> tuple[Calibration, float]:
-    """`cal` with every layer's time scaled so that one micro-batch's forward and backward
-    takes `seconds`: the calibration's compute measured again, alone and the same way,
-    around the cell (the mean of before and after), and the ratio to the calibration's."""
+def at_host_speed(cal: Calibration, seconds: float, contention: dict | None = None) -> tuple[Calibration, float]:
+    """`cal` as the host was at the cell: every layer's time scaled so that one
+    micro-batch's forward and backward takes `seconds` (the calibration's compute measured
+    again, alone and the same way, before and after the cell: their mean), and the shared
+    cores' contention curve and spread measured again after it where the cell has them
+    (files from before stop 33 do not); and the compute's ratio to the calibration's."""
     scale = seconds / cal.iteration_s
+    if contention:
+        cal = replace(cal, cpu_throughput=list(contention["throughput"]), compute_spread=list(contention["spread"]))
     return replace(cal, forward_s=[t * scale for t in cal.forward_s],
                    backward_s=[t * scale for t in cal.backward_s]), scale
 
@@ -170,11 +182,11 @@ def markdown(payload: dict, where: Path) -> str:
              f"{payload['rounds']} rounds x {payload['steps']} steps per policy per cell; error = predicted / "
              "measured - 1",
              "", "| cell | policy | measured step (s) | rounds' medians (s) | predicted step (s) | error "
-             "| error, replicas folded | error, compute re-measured around the cell (its / calibration's) "
-             "| the run's compute CPU / the calibration's "
+             "| error, replicas folded | error, host re-measured at the cell (compute: its / calibration's) "
+             "| CPU per step, all ranks: measured / simulated (s) "
              "| exposed P2P measured / predicted (s) | exposed AllReduce measured / predicted (s) |",
              "|" + "---|" * 11]
-    errors, folded, at_host = [], [], []
+    errors, folded, at_host, cpu_ratio = [], [], [], []
     for cell in payload["cells"]:
         for r in cell["results"]:
             errors.append(abs(r["error"]))
@@ -183,8 +195,11 @@ def markdown(payload: dict, where: Path) -> str:
             if "host_compute_error" in r:
                 at_host.append(abs(r["host_compute_error"]))
                 host = f"{100 * r['host_compute_error']:+.1f}% ({r['host_compute']:.2f}x)"
-            if "run_compute" in r:
-                run = f"{r['run_compute']:.2f}"
+            if r.get("predicted_cpu_s"):
+                sim_cpu = sum(r["predicted_cpu_s"].values())
+                run = f"{r['measured_cpu_s']:.2f} / {sim_cpu:.2f}" if "measured_cpu_s" in r else f"- / {sim_cpu:.2f}"
+                if "measured_cpu_s" in r:
+                    cpu_ratio.append(sim_cpu / r["measured_cpu_s"])
             lines.append(f"| {cell['name']} | {r['policy']} | {r['measured_s']:.3f} | "
                          f"{' '.join(f'{x:.3f}' for x in r['rounds_s'])} | {r['predicted_s']:.3f} | "
                          f"{100 * r['error']:+.1f}% | {100 * r.get('folded_error', r['error']):+.1f}% | {host} | {run} | "
@@ -193,7 +208,11 @@ def markdown(payload: dict, where: Path) -> str:
                          f"{r['predicted_exposed_allreduce_s']:.3f} |")
     lines += ["", summary(errors), misses(payload), f"With the replicas folded into one per stage: {summary(folded)}"]
     if at_host:
-        lines.append(f"With compute re-measured alone around each cell: {summary(at_host)}")
+        lines.append(f"With the host re-measured at each cell: {summary(at_host)}")
+    if cpu_ratio:
+        cpu_ratio.sort()
+        lines.append(f"The simulated CPU per step over the measured (every thread of every rank): median "
+                     f"{statistics.median(cpu_ratio):.2f}, {cpu_ratio[0]:.2f}-{cpu_ratio[-1]:.2f}")
     return "\n".join(lines + ["", calibrations(payload, where)] + host_speed(payload, where))
 
 

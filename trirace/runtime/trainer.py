@@ -7,6 +7,7 @@ import math
 import os
 import shutil
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -248,6 +249,9 @@ class _StepMetrics:
         self.cfg, self.g, self.comm, self.report, self.sizes, self.model = cfg, g, comm, report, sizes, model
         self.pending: list[tuple[int, float, torch.Tensor, Handle]] = []
         self.last_end: float | None = None
+        # CPU clocks at the last step's end: all of this process's threads, and the engine's
+        # (on_step runs on the engine thread, right after OPT)
+        self.last_cpu = (time.process_time(), time.thread_time())
 
     def step(self, rec: StepRecord) -> None:
         st = self.comm.stats.take(rec.step)
@@ -257,7 +261,7 @@ class _StepMetrics:
         self.last_end = rec.end_time
         method = self.METHODS.index(st["embedding_method"]) + 1 if st["embedding_method"] else 0
         nf, world = len(self.FIELDS), self.cfg.world_size
-        vec = torch.zeros(nf + 4 * world, dtype=torch.float64)
+        vec = torch.zeros(nf + 6 * world, dtype=torch.float64)
         vec[:nf] = torch.tensor([loss, exposed.get("p2p", 0.0), exposed.get("allreduce", 0.0),
                                  exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s,
                                  window, st["embedding_bytes"], method, st["early_chunks"], rec.val_loss_sum,
@@ -271,6 +275,10 @@ class _StepMetrics:
             vec[nf + world + self.g.rank] = self.model.checksum(rec.step + 1, self.model.tied)
         vec[nf + 2 * world + self.g.rank] = _rss_mb()
         vec[nf + 3 * world + self.g.rank] = _peak_rss_mb()
+        cpu = (time.process_time(), time.thread_time())
+        vec[nf + 4 * world + self.g.rank] = cpu[0] - self.last_cpu[0]
+        vec[nf + 5 * world + self.g.rank] = cpu[1] - self.last_cpu[1]
+        self.last_cpu = cpu
         self.pending.append((rec.step, rec.end_time, vec, self.g.control.all_reduce(vec)))
         while len(self.pending) > self.LAG:
             self._emit(*self.pending.pop(0))
@@ -287,7 +295,9 @@ class _StepMetrics:
         per_rank = vec[nf:nf + world].tolist()
         tied = vec[nf + world:nf + 2 * world].tolist()
         rss = vec[nf + 2 * world:nf + 3 * world].tolist()
-        peak_rss = vec[nf + 3 * world:].tolist()
+        peak_rss = vec[nf + 3 * world:nf + 4 * world].tolist()
+        process_cpu = vec[nf + 4 * world:nf + 5 * world].tolist()
+        engine_cpu = vec[nf + 5 * world:].tolist()
         if self.comm.tuner:  # the same numbers on every rank: the same decision everywhere
             self.comm.tuner.observe(step, v["step_time_s"] / world)
         if self.report is None:
@@ -303,6 +313,11 @@ class _StepMetrics:
         for k in ("exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s"):
             row[k] = v[k] / world  # mean per rank
         row["rank_compute_cpu_s"] = per_rank
+        # since the rank's previous step ended: every thread of it (compute, its own
+        # communication threads, gloo's), and the engine thread alone (compute, the waits'
+        # bookkeeping, the data): what the simulator charges the shared cores is checked against these
+        row["rank_cpu_s"] = process_cpu
+        row["rank_engine_cpu_s"] = engine_cpu
         row["rank_rss_mb"] = rss
         row["rank_peak_rss_mb"] = peak_rss  # the high-water mark since this run started
         for cls in ("intra", "inter"):  # probed at start-up, and achieved since (this rank's view)

@@ -71,6 +71,7 @@ class StageWork:
 @dataclass
 class StepStats:
     end: float = 0.0
+    cpu_s: dict[str, float] = field(default_factory=dict)  # the shared cores' CPU used by then, by kind (Network.cpu_s)
     exposed: dict[str, float] = field(default_factory=lambda: {"p2p": 0.0, "allreduce": 0.0, "sparse": 0.0})
 
 
@@ -218,7 +219,9 @@ class _Rank:
             box["done"] = True
             self.rec.span("compute", str(a), t0, self.sim.now)
             if a.op is Op.OPT:
-                self.stats(a.index).end = self.sim.now
+                st = self.stats(a.index)
+                st.end = self.sim.now
+                st.cpu_s = self.sim.fabric.net.cpu_at(self.sim.now)
             if then:
                 then()
             self.resume()
@@ -437,10 +440,11 @@ class Simulation:
 
     # ------------------------------------------------------------ flows
 
-    def _flow(self, amount: float, uses, done: Callable[[], None], senior: bool = False) -> None:
+    def _flow(self, amount: float, uses, done: Callable[[], None], senior: bool = False,
+              tag: str | None = None) -> None:
         key = next(self.flow_ids)
         self.flow_done[key] = done
-        self.fabric.net.start(key, amount, uses, self.now, senior)
+        self.fabric.net.start(key, amount, uses, self.now, senior, tag)
         self._reschedule()
 
     def _reschedule(self) -> None:
@@ -473,7 +477,7 @@ class Simulation:
         def finished():
             self.computing -= 1
             done()
-        self._flow(seconds, self.fabric.uses[cls], finished)
+        self._flow(seconds, self.fabric.uses[cls], finished, tag="compute")
 
     def transfer(self, phases: list[Phase], done: Callable[[], None]) -> None:
         """Run `phases` one after the other, then call `done`."""
@@ -488,9 +492,9 @@ class Simulation:
         def start():
             cpu_s = self.fabric.cpu_seconds(first.cls, first.nbytes, first.messages)
             # an activation's bytes may be favoured on a link that serves the oldest first
-            parts = [(first.nbytes, self.fabric.uses[first.cls], first.cls[0] == "p2p")] if first.nbytes > 0 else []
+            parts = [(first.nbytes, self.fabric.uses[first.cls], first.cls[0] == "p2p", None)] if first.nbytes > 0 else []
             if cpu_s > 0:  # the transfer's CPU work, beside its bytes, on the cores computation shares
-                parts.append((cpu_s, self.fabric.uses[("cpu", first.cls)], False))
+                parts.append((cpu_s, self.fabric.uses[("cpu", first.cls)], False, "transfer"))
             if not parts:
                 moved()
             left = [len(parts)]
@@ -499,8 +503,8 @@ class Simulation:
                 left[0] -= 1
                 if left[0] == 0:
                     moved()
-            for amount, uses, senior in parts:
-                self._flow(amount, uses, part_done, senior)
+            for amount, uses, senior, tag in parts:
+                self._flow(amount, uses, part_done, senior, tag)
         if first.latency_s > 0:
             self.at(self.now + first.latency_s, start)
         else:

@@ -39,6 +39,7 @@ class Flow:
     uses: Uses
     rate: float = 0.0
     senior: bool = False  # may be favoured as the oldest on a resource with seniority
+    tag: str | None = None  # what its CPU time counts as (Network.cpu_s), where it crosses a curve
 
 
 class Network:
@@ -50,6 +51,10 @@ class Network:
         self.flows: dict[object, Flow] = {}
         self.clock = 0.0
         self._dirty = False
+        # CPU seconds the flows on load-dependent resources have used, by tag: a flow's share
+        # of the busy cores (min(load, cores) of them do curve(load) of work per second)
+        self.cpu_s: dict[str, float] = {}
+        self._cpu_per_work: dict[int, float] = {}  # resource -> CPU seconds per unit of work now
 
     def resource(self, name: str, capacity: float, curve: Callable[[float], float] | None = None,
                  seniority: float = 1.0) -> int:
@@ -67,11 +72,13 @@ class Network:
 
     # ------------------------------------------------------------ flows
 
-    def start(self, key: object, amount: float, uses: Uses, now: float, senior: bool = False) -> None:
+    def start(self, key: object, amount: float, uses: Uses, now: float, senior: bool = False,
+              tag: str | None = None) -> None:
         if key in self.flows:
             raise ValueError(f"flow {key!r} already running")
         self.advance(now)
-        self.flows[key] = Flow(key, max(float(amount), 0.0), tuple((r, w) for r, w in uses if w > 0), senior=senior)
+        self.flows[key] = Flow(key, max(float(amount), 0.0), tuple((r, w) for r, w in uses if w > 0), senior=senior,
+                               tag=tag)
         self._dirty = True
 
     def advance(self, now: float) -> None:
@@ -81,9 +88,22 @@ class Network:
             raise ValueError(f"time went backwards: {now} < {self.clock}")
         if dt > 0:
             self._rates()
+            self.cpu_s = self.cpu_at(now)
             for f in self.flows.values():
                 f.remaining = max(f.remaining - f.rate * dt, 0.0)
             self.clock = now
+
+    def cpu_at(self, now: float) -> dict[str, float]:
+        """`cpu_s` as it will stand at `now` if no flow starts or ends before (changes nothing)."""
+        self._rates()
+        out = dict(self.cpu_s)
+        dt = now - self.clock
+        for f in self.flows.values():
+            if f.tag is not None and f.rate < math.inf:
+                for r, w in f.uses:
+                    if r in self._cpu_per_work:
+                        out[f.tag] = out.get(f.tag, 0.0) + f.rate * w * dt * self._cpu_per_work[r]
+        return out
 
     def finished(self, now: float) -> list[object]:
         """Remove and return the flows that are done at `now`."""
@@ -131,9 +151,11 @@ class Network:
                 crossing.setdefault(r, []).append(f)
                 weight[r] = weight.get(r, 0.0) + w * m
                 load[r] = load.get(r, 0.0) + w
+        self._cpu_per_work = {}
         for r, curve in self.curves.items():
             if r in load:
                 residual[r] = min(curve(load[r]), residual[r])
+                self._cpu_per_work[r] = min(load[r], self.capacity[r]) / residual[r]
         while weight:
             bottleneck = min(weight, key=lambda r: residual[r] / weight[r])
             level = max(residual[bottleneck] / weight[bottleneck], 0.0)

@@ -14,7 +14,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..comm import sparse as sparse_cost
@@ -67,6 +67,9 @@ class SimResult:
     runs: int  # simulated runs the prediction is the median of (more than one with compute noise)
     events: int
     wall_s: float
+    # the shared cores' CPU seconds per steady step, all ranks: computation's, transfers'
+    # (where the cluster shares a host's cores; what a run's processes used is beside it)
+    cpu_s_per_step: dict[str, float] = field(default_factory=dict)
 
 
 def ring(cls: tuple, n: int, nbytes: float, alpha: float) -> list[Phase]:
@@ -198,13 +201,26 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     if trace_out is not None:
         _trace(sims[0], trace_out, cfg)
     chunk = stages[0].policy.partition_bytes
+    cpu = _cpu_per_step(sims, cfg.pp - 1, kept) if cluster.shared_cores else {}
     parts = {"compute": bound.compute_s, "cpu": bound.cpu_s, "link": bound.link_s}
     if not cluster.shared_cores:  # a device per rank: the mean rank's compute never binds, nothing to explain
         del parts["cpu"]
     return SimResult(policy, it, cfg.tokens_per_step / it, bound.seconds, bound.binding, parts, bound.seconds / it,
                      exposed, step_times(sims[0]), mem, in_flight, hier, sizes, layout.order,
                      chunk / 2**20 if chunk else None, methods[0] if methods else None, compute.source,
-                     len(sims[0].ranks), len(sims), sum(sim.events_run for sim in sims), time.perf_counter() - wall0)
+                     len(sims[0].ranks), len(sims), sum(sim.events_run for sim in sims), time.perf_counter() - wall0,
+                     cpu)
+
+
+def _cpu_per_step(sims: list[Simulation], last: int, kept: range) -> dict[str, float]:
+    """CPU seconds per step of the steady window, by kind, the mean over the simulated runs:
+    the shared cores' use between the ends of the steps before and at the window's edges."""
+    def at(sim: Simulation, step: int) -> dict[str, float]:
+        return sim.stats[(last, 0, step)].cpu_s if step >= 0 else {}
+    n = len(kept)
+    kinds = {k for sim in sims for k in at(sim, kept[-1])}
+    return {k: statistics.fmean((at(sim, kept[-1]).get(k, 0.0) - at(sim, kept[0] - 1).get(k, 0.0)) / n
+                                for sim in sims) for k in sorted(kinds)}
 
 
 def _autotuned(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calibration | None,
