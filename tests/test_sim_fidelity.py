@@ -423,9 +423,12 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     numels = layer_param_numels(make_config(job).spec)
     opt = [1e-9 * sum(sum(numels[i]) for i in layers) for layers in (range(0, 4), range(4, 7))]
     measured[1]["compute_cpu_s"] = [2 * 2 * 4 * 0.03 + opt[0], 2 * 2 * 3 * 0.03 + opt[1]]
+    measured[1]["cpu_s"] = [0.6, 0.45]  # every thread of each rank's process
+    after = {"throughput": [0.95, 1.6], "spread": [0.03, 0.2]}  # the cores as the cell left them
     payload = {"rounds": 3, "steps": 6, "cells": [{"name": "2x1 @ 100mbit", "cluster": [2, 1, "100mbit"],
                                                    "config": job, "calibration": str(saved / "cal.json"),
-                                                   "measured": measured, "compute_s": [0.2, 0.25]}]}
+                                                   "measured": measured, "compute_s": [0.2, 0.25],
+                                                   "contention_after": after}]}
     (saved / "accuracy.json").write_text(json.dumps(payload))
     assert sim_accuracy.main(["--resimulate", str(saved / "accuracy.json"), "--out", str(out)]) == 0
     again = json.loads((out / "accuracy.json").read_text())["cells"][0]
@@ -448,11 +451,18 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     md = (out / "accuracy.md").read_text()
     assert "| cal.json | 0.210 | 0.90 1.80 | 2% 10% | 0.20 / 1.00 | - |" in md and (out / "accuracy.png").stat().st_size > 0
     assert "With the replicas folded into one per stage: " in md
-    assert "| 2.00 |" in md  # blocking's row: "| - |"
-    # compute measured alone around the cell: 0.225 s a micro-batch against the calibration's 0.21
+    # CPU per step beside each prediction: what the run's processes used (where recorded)
+    # and what the simulator charged the shared cores
+    charged = {r: sum(got[r]["predicted_cpu_s"].values()) for r in got}
+    # m=2 micro-batches through the whole model a step, at 1/0.9 CPU per work (the steady window is 2 steps: its edges cut pipelined work)
+    assert got["trirace"]["predicted_cpu_s"]["compute"] == pytest.approx(2 * 0.21 / 0.9, rel=0.1)
+    assert f"| 1.05 / {charged['trirace']:.2f} |" in md and f"| - / {charged['blocking']:.2f} |" in md
+    # the host re-measured at the cell: compute 0.225 s a micro-batch against the
+    # calibration's 0.21, and the cores' contention as measured after the cell
     host = simulate(make_config(job), load_cluster("testbed", 2, 1, "100mbit"), "trirace",
                     replace(load_calibration(saved / "cal.json"), forward_s=[0.01 * 0.225 / 0.21] * 7,
-                            backward_s=[0.02 * 0.225 / 0.21] * 7)).iteration_time_s
+                            backward_s=[0.02 * 0.225 / 0.21] * 7, cpu_throughput=after["throughput"],
+                            compute_spread=after["spread"])).iteration_time_s
     assert got["trirace"]["host_compute_error"] == pytest.approx(host / 0.5 - 1)
     assert got["blocking"]["host_compute"] == pytest.approx(0.225 / 0.21)
     assert "With compute at the speed the run measured" not in md

@@ -134,8 +134,8 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
         b = bounds[s].seconds
         results.append(Result(s, base.tokens_per_step / step[s], step[s], per_round[s], b, b / step[s],
                               ref / step[s], med("exposed_p2p_s"), med("exposed_allreduce_s"), losses[s],
-                              _compute_cpu(rows[s]) if s in measured else None,
-                              _compute_cpu(rows[s], "rank_cpu_s") if s in measured else None))
+                              _per_rank(rows[s], "rank_compute_cpu_s") if s in measured else None,
+                              _per_rank(rows[s], "rank_cpu_s") if s in measured else None))
     return {"config": {**base.model_dump(mode="json", exclude={"topology"}), "cluster": asdict(cluster),
                        "rounds": rounds, "warmup_steps": WARMUP_STEPS, "drain_steps": DRAIN_STEPS,
                        "lower_bound": {**asdict(reference), "binding": reference.binding,
@@ -157,14 +157,14 @@ def _link_load(cfg: TrainConfig, topo: Topology, rows: list[dict]) -> dict[tuple
     return plan_link_bytes(plan, cfg.micro_batches, cfg.activation_bytes, sent)
 
 
-def _compute_cpu(rows: list[dict], key: str = "rank_compute_cpu_s") -> list[float]:
-    """Each rank's compute CPU seconds in its median step (or another per-rank figure)."""
+def _per_rank(rows: list[dict], key: str) -> list[float]:
+    """Each rank's median step of a per-rank figure (its compute CPU, its process's CPU)."""
     return [statistics.median(r[key][i] for r in rows) for i in range(len(rows[0][key]))]
 
 
 def _bound(cfg: TrainConfig, topo: Topology, rows: list[dict], load: dict[tuple[int, str], float]) -> Bound:
     """From one system's own per-rank compute CPU time and the links' load."""
-    return lower_bound(_compute_cpu(rows), os.cpu_count() or 1, load, topo)
+    return lower_bound(_per_rank(rows, "rank_compute_cpu_s"), os.cpu_count() or 1, load, topo)
 
 
 def markdown(payload: dict) -> str:

@@ -88,7 +88,8 @@ class Network:
             raise ValueError(f"time went backwards: {now} < {self.clock}")
         if dt > 0:
             self._rates()
-            self.cpu_s = self.cpu_at(now)
+            if self._cpu_per_work:  # some flows share a curve's resource (the testbed's cores)
+                self.cpu_s = self.cpu_at(now)
             for f in self.flows.values():
                 f.remaining = max(f.remaining - f.rate * dt, 0.0)
             self.clock = now
