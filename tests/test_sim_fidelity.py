@@ -68,15 +68,16 @@ def test_the_shared_cores_cpu_is_counted_by_what_each_flow_got_of_the_busy_cores
     cpu = net.resource("cpu", 2.0, HostCpu(2, (1.0, 1.5, 1.2)).capacity)
     net.start("a", 1.0, ((cpu, 1.0),), 0.0, tag="compute")
     net.start("b", 1.0, ((cpu, 1.0),), 0.0, tag="compute")
-    assert net.cpu_at(0.4) == pytest.approx({"compute": 0.8})  # two busy cores for 0.4 s; nothing moved yet
-    assert net.cpu_s == {}
+    assert net.cpu_at(0.4) == pytest.approx({"compute": 0.8})  # two busy cores for 0.4 s
+    assert net.cpu_at(0.0) == {"compute": 0.0}  # asking drains nothing
     net.start("t", 0.2, ((cpu, 1.0),), 0.4, tag="transfer")  # three loads: 1.2 work/s, 0.4 each, all of 2 cores
     assert net.rate("t") == pytest.approx(0.4)
     t = 0.4 + 0.2 / 0.4
     assert net.finished(t) == ["t"]
-    assert net.cpu_s == pytest.approx({"compute": 0.8 + 2 * 0.5 * 2 / 3, "transfer": 0.5 * 2 / 3})
+    used = net.cpu_at(t)
+    assert used == pytest.approx({"compute": 0.8 + 2 * 0.5 * 2 / 3, "transfer": 0.5 * 2 / 3})
     net.start("idle", 1.0, ((net.resource("link", 1.0), 1.0),), t, tag="compute")  # no curve: not the cores'
-    assert sum(net.cpu_at(t + 0.1).values()) == pytest.approx(sum(net.cpu_s.values()) + 0.2)
+    assert sum(net.cpu_at(t + 0.1).values()) == pytest.approx(sum(used.values()) + 0.2)
 
 
 def test_simulated_cpu_per_step_is_the_work_done_at_the_curve_and_fits_in_the_cores():
@@ -93,6 +94,10 @@ def test_simulated_cpu_per_step_is_the_work_done_at_the_curve_and_fits_in_the_co
         assert got["transfer"] > 0  # the calibration prices every message and byte
         steady = [r.step_times_s[t] for t in steady_steps(cfg.steps)]  # one simulated run (no spread measured)
         assert sum(got.values()) <= 2 * sum(steady) / len(steady) * (1 + 1e-9)
+        # every replica simulated charges what the fold's copies were charged
+        unfolded = simulate(cfg, load_cluster("testbed", nodes=4, ranks_per_node=1, link="250mbit"), policy, _HOST,
+                            unfold=True).cpu_s_per_step
+        assert unfolded == pytest.approx(got, rel=1e-9)
 
 
 def test_a_transfer_costs_the_shared_cores_and_ends_with_its_cpu_work():
@@ -418,12 +423,8 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
            "seq_len": 64, "steps": 6, "partition": [4, 3], "rank_order": "dp-inner", "seed": 0, "optimizer": "adam"}
     measured = [{"system": p, "step_time_s": 0.5, "round_steps_s": [0.5, 0.5, 0.5], "exposed_p2p_s": 0.1,
                  "exposed_allreduce_s": 0.0} for p in ("blocking", "trirace")]
-    # trirace's run measured each stage's compute at twice the calibration's (and the
-    # optimizer as modelled); blocking's row is from a file that did not record it
-    numels = layer_param_numels(make_config(job).spec)
-    opt = [1e-9 * sum(sum(numels[i]) for i in layers) for layers in (range(0, 4), range(4, 7))]
-    measured[1]["compute_cpu_s"] = [2 * 2 * 4 * 0.03 + opt[0], 2 * 2 * 3 * 0.03 + opt[1]]
-    measured[1]["cpu_s"] = [0.6, 0.45]  # every thread of each rank's process
+    # trirace's run recorded every thread's CPU of each rank; blocking's row is from a file that did not
+    measured[1]["cpu_s"] = [0.6, 0.45]
     after = {"throughput": [0.95, 1.6], "spread": [0.03, 0.2]}  # the cores as the cell left them
     payload = {"rounds": 3, "steps": 6, "cells": [{"name": "2x1 @ 100mbit", "cluster": [2, 1, "100mbit"],
                                                    "config": job, "calibration": str(saved / "cal.json"),
@@ -441,10 +442,6 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     assert got["trirace"]["predicted_s"] == pytest.approx(expect)
     assert got["trirace"]["error"] == pytest.approx(expect / 0.5 - 1)
     assert got["trirace"]["folded_error"] == pytest.approx(folded / 0.5 - 1) and folded != expect
-    # the run's compute CPU is shown beside the prediction, not predicted from (it would count
-    # the shared cores' and the transfers' cost to compute twice)
-    assert got["trirace"]["run_compute"] == pytest.approx(2, rel=0.01) and "run_compute" not in got["blocking"]
-    assert not any("run_compute_error" in r for r in got.values())
     (saved / "single.json").write_text(json.dumps({"results": []}))  # a one-cell file from before --matrix
     with pytest.raises(SystemExit):
         sim_accuracy.main(["--resimulate", str(saved / "single.json"), "--out", str(out)])

@@ -20,8 +20,10 @@ after it. A cell measured on a slower host than its calibration is predicted too
 those timings and the runs now share its settings, runtime/allocator.py); a column
 predicts with the host re-measured, to tell the host's drift from the model's error.
 Beside each prediction stand the CPU seconds per step every rank's process used (all its
-threads) and what the simulator charged the shared cores for them (computation and
-transfers): where the cores bind, a step cannot be predicted closer than that CPU is.
+threads; each rank's median steady step, summed) and what the simulator charged the
+shared cores (computation and transfers; the mean of its steady steps): where the cores
+bind, a step cannot be predicted closer than that CPU is (stop 33: the two errors
+correlated at 0.92).
 Writes accuracy.json, accuracy.md and accuracy.png (predicted against measured) to --out.
 """
 
@@ -35,10 +37,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..config import TrainConfig, make_config
-from ..models.build import layer_param_numels
-from ..plan.layout import Layout
-from ..plan.partition import stage_ranges
+from ..config import make_config
 from ..runtime import allocator
 from ..runtime.calibrate import compute_now, cpu_contention, profile
 from ..sim.calibration import Calibration, load_calibration
@@ -131,8 +130,6 @@ def predict(cell: dict, where: Path) -> list[dict]:
             at_host, speed = at_host_speed(cal, statistics.mean(cell["compute_s"]), cell.get("contention_after"))
             row = {"host_compute": speed,
                    "host_compute_error": simulate(job, cluster, m["system"], at_host).iteration_time_s / m["step_time_s"] - 1}
-        if m.get("compute_cpu_s") and job.partition:  # (files from before stop 28 lack it)
-            row["run_compute"] = run_compute(cal, job, m["compute_cpu_s"])
         if m.get("cpu_s"):  # (files from before stop 33 lack it)
             row["measured_cpu_s"] = sum(m["cpu_s"])
         row["predicted_cpu_s"] = pred.cpu_s_per_step
@@ -157,23 +154,6 @@ def at_host_speed(cal: Calibration, seconds: float, contention: dict | None = No
         cal = replace(cal, cpu_throughput=list(contention["throughput"]), compute_spread=list(contention["spread"]))
     return replace(cal, forward_s=[t * scale for t in cal.forward_s],
                    backward_s=[t * scale for t in cal.backward_s]), scale
-
-
-def run_compute(cal: Calibration, job: TrainConfig, compute_cpu: list[float]) -> float:
-    """The CPU a run's compute took (each stage's median over its ranks, summed over the
-    stages) over what the calibration times for the same work (m forwards and backwards,
-    and the optimizer as modelled). A measurement beside the prediction, not an input to
-    it: the run's CPU already holds what the shared cores and the transfers beside it cost
-    compute, which the simulator charges itself (capacity, transfer CPU), so predicting
-    at this speed would count them twice (stop 28-29's "at the run's speed" column did)."""
-    layout = Layout(job.pp, job.dp, job.rank_order)
-    numels = layer_param_numels(job.spec)
-    ran = modelled = 0.0
-    for stage, layers in enumerate(stage_ranges(list(job.partition))):
-        ran += statistics.median(compute_cpu[r] for r in range(layout.world_size) if layout.coords(r)[0] == stage)
-        modelled += (cal.optimizer_s_per_param * sum(sum(numels[i]) for i in layers)
-                     + job.micro_batches * sum(cal.forward_s[i] + cal.backward_s[i] for i in layers))
-    return ran / modelled
 
 
 def markdown(payload: dict, where: Path) -> str:

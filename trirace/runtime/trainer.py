@@ -205,7 +205,8 @@ class Trainer:
                             kill_step=cfg.kill[1] if cfg.kill and cfg.kill[0] == g.rank and not _restarted() else None,
                             rule=UpdateRule.of(cfg), precision=cfg.precision, loss_fn=loss_of(cfg.spec))
             g.control.barrier()
-            t_start = metrics.last_end = rec.now()
+            t_start = rec.now()
+            metrics.start(t_start)
             if report:
                 report.start(t_start)
             try:
@@ -249,8 +250,15 @@ class _StepMetrics:
         self.cfg, self.g, self.comm, self.report, self.sizes, self.model = cfg, g, comm, report, sizes, model
         self.pending: list[tuple[int, float, torch.Tensor, Handle]] = []
         self.last_end: float | None = None
-        # CPU clocks at the last step's end: all of this process's threads, and the engine's
-        # (on_step runs on the engine thread, right after OPT)
+        self.last_cpu = (0.0, 0.0)
+
+    def start(self, t: float) -> None:
+        """Training starts now (on the thread that runs the engine): the first step's window
+        and CPU are counted from here, not from the set-up before."""
+        self.last_end = t
+        # all of this process's threads, and the engine's; each step's figures run to its
+        # metrics.step, which on_step calls after OPT and after any checkpoint or evaluation
+        # it takes (the simulator models neither; the bench takes none)
         self.last_cpu = (time.process_time(), time.thread_time())
 
     def step(self, rec: StepRecord) -> None:

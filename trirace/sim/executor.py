@@ -71,7 +71,9 @@ class StageWork:
 @dataclass
 class StepStats:
     end: float = 0.0
-    cpu_s: dict[str, float] = field(default_factory=dict)  # the shared cores' CPU used by then, by kind (Network.cpu_s)
+    # the shared cores' CPU used since the run began, by kind, when this step's OPT ended
+    # (Network.cpu_at; run.py reads the last stage's first replica, as it reads `end`)
+    cpu_total_s: dict[str, float] = field(default_factory=dict)
     exposed: dict[str, float] = field(default_factory=lambda: {"p2p": 0.0, "allreduce": 0.0, "sparse": 0.0})
 
 
@@ -221,7 +223,7 @@ class _Rank:
             if a.op is Op.OPT:
                 st = self.stats(a.index)
                 st.end = self.sim.now
-                st.cpu_s = self.sim.fabric.net.cpu_at(self.sim.now)
+                st.cpu_total_s = self.sim.fabric.net.cpu_at(self.sim.now)
             if then:
                 then()
             self.resume()

@@ -39,7 +39,7 @@ class Flow:
     uses: Uses
     rate: float = 0.0
     senior: bool = False  # may be favoured as the oldest on a resource with seniority
-    tag: str | None = None  # what its CPU time counts as (Network.cpu_s), where it crosses a curve
+    tag: str | None = None  # what its CPU time counts as (Network.cpu_at), where it crosses a curve
 
 
 class Network:
@@ -51,10 +51,10 @@ class Network:
         self.flows: dict[object, Flow] = {}
         self.clock = 0.0
         self._dirty = False
-        # CPU seconds the flows on load-dependent resources have used, by tag: a flow's share
-        # of the busy cores (min(load, cores) of them do curve(load) of work per second)
-        self.cpu_s: dict[str, float] = {}
-        self._cpu_per_work: dict[int, float] = {}  # resource -> CPU seconds per unit of work now
+        # CPU seconds the flows on load-dependent resources have used up to `clock`, by tag
+        # (cpu_at), and how fast each tag uses them at the current rates
+        self._cpu_s: dict[str, float] = {}
+        self._cpu_rate: dict[str, float] = {}
 
     def resource(self, name: str, capacity: float, curve: Callable[[float], float] | None = None,
                  seniority: float = 1.0) -> int:
@@ -88,22 +88,22 @@ class Network:
             raise ValueError(f"time went backwards: {now} < {self.clock}")
         if dt > 0:
             self._rates()
-            if self._cpu_per_work:  # some flows share a curve's resource (the testbed's cores)
-                self.cpu_s = self.cpu_at(now)
+            for tag, rate in self._cpu_rate.items():
+                self._cpu_s[tag] = self._cpu_s.get(tag, 0.0) + rate * dt
             for f in self.flows.values():
                 f.remaining = max(f.remaining - f.rate * dt, 0.0)
             self.clock = now
 
     def cpu_at(self, now: float) -> dict[str, float]:
-        """`cpu_s` as it will stand at `now` if no flow starts or ends before (changes nothing)."""
+        """CPU seconds used by `now` on the resources with a load curve, by the flows' tags,
+        if no flow starts or ends before: each flow's share of the busy cores while it ran,
+        min(load, cores) of them doing curve(load) work per second. (Drains nothing; may
+        bring the cached rates up to date.)"""
         self._rates()
-        out = dict(self.cpu_s)
         dt = now - self.clock
-        for f in self.flows.values():
-            if f.tag is not None and f.rate < math.inf:
-                for r, w in f.uses:
-                    if r in self._cpu_per_work:
-                        out[f.tag] = out.get(f.tag, 0.0) + f.rate * w * dt * self._cpu_per_work[r]
+        out = dict(self._cpu_s)
+        for tag, rate in self._cpu_rate.items():
+            out[tag] = out.get(tag, 0.0) + rate * dt
         return out
 
     def finished(self, now: float) -> list[object]:
@@ -152,11 +152,12 @@ class Network:
                 crossing.setdefault(r, []).append(f)
                 weight[r] = weight.get(r, 0.0) + w * m
                 load[r] = load.get(r, 0.0) + w
-        self._cpu_per_work = {}
+        cpu_per_work: dict[int, float] = {}  # resource -> CPU seconds a unit of work costs now
         for r, curve in self.curves.items():
             if r in load:
                 residual[r] = min(curve(load[r]), residual[r])
-                self._cpu_per_work[r] = min(load[r], self.capacity[r]) / residual[r]
+                if residual[r] > 0:  # as the curve counts it, a sliver of load is one worker's
+                    cpu_per_work[r] = min(max(load[r], 1.0), self.capacity[r]) / residual[r]
         while weight:
             bottleneck = min(weight, key=lambda r: residual[r] / weight[r])
             level = max(residual[bottleneck] / weight[bottleneck], 0.0)
@@ -172,6 +173,13 @@ class Network:
             del weight[bottleneck]
             for r in [r for r, w in weight.items() if w <= _EPS]:  # every flow on it is frozen
                 del weight[r], crossing[r]
+        self._cpu_rate = {}
+        if cpu_per_work:
+            for f in self.flows.values():
+                if f.tag is not None and f.rate < math.inf:
+                    for r, w in f.uses:
+                        if r in cpu_per_work:
+                            self._cpu_rate[f.tag] = self._cpu_rate.get(f.tag, 0.0) + f.rate * w * cpu_per_work[r]
 
     def _favoured(self) -> dict[object, float]:
         """The oldest senior flow on each resource with seniority, and how much it counts."""
