@@ -176,10 +176,10 @@ def markdown(payload: dict, where: Path) -> str:
                 at_host.append(abs(r["host_compute_error"]))
                 host = f"{100 * r['host_compute_error']:+.1f}% ({r['host_compute']:.2f}x)"
             if r.get("predicted_cpu_s"):
-                sim_cpu = sum(r["predicted_cpu_s"].values())
-                run = f"{r['measured_cpu_s']:.2f} / {sim_cpu:.2f}" if "measured_cpu_s" in r else f"- / {sim_cpu:.2f}"
-                if "measured_cpu_s" in r:
-                    cpu_ratio.append(sim_cpu / r["measured_cpu_s"])
+                sim_cpu, ran = sum(r["predicted_cpu_s"].values()), r.get("measured_cpu_s")
+                run = f"{'-' if ran is None else f'{ran:.2f}'} / {sim_cpu:.2f}"
+                if ran is not None:
+                    cpu_ratio.append(sim_cpu / ran)
             lines.append(f"| {cell['name']} | {r['policy']} | {r['measured_s']:.3f} | "
                          f"{' '.join(f'{x:.3f}' for x in r['rounds_s'])} | {r['predicted_s']:.3f} | "
                          f"{100 * r['error']:+.1f}% | {100 * r.get('folded_error', r['error']):+.1f}% | {host} | {run} | "

@@ -203,7 +203,6 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     if trace_out is not None:
         _trace(sims[0], trace_out, cfg)
     chunk = stages[0].policy.partition_bytes
-    cpu = _cpu_per_step(sims, cfg.pp - 1, kept) if cluster.shared_cores else {}
     parts = {"compute": bound.compute_s, "cpu": bound.cpu_s, "link": bound.link_s}
     if not cluster.shared_cores:  # a device per rank: the mean rank's compute never binds, nothing to explain
         del parts["cpu"]
@@ -211,12 +210,13 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
                      exposed, step_times(sims[0]), mem, in_flight, hier, sizes, layout.order,
                      chunk / 2**20 if chunk else None, methods[0] if methods else None, compute.source,
                      len(sims[0].ranks), len(sims), sum(sim.events_run for sim in sims), time.perf_counter() - wall0,
-                     cpu)
+                     _cpu_per_step(sims, cfg.pp - 1, kept))
 
 
 def _cpu_per_step(sims: list[Simulation], last: int, kept: range) -> dict[str, float]:
     """CPU seconds per step of the steady window, by kind, the mean over the simulated runs:
-    the shared cores' use between the ends of the steps before and at the window's edges."""
+    the shared cores' use between the ends of the steps before and at the window's edges
+    (none where no cores are shared: the network counts only resources with a load curve)."""
     def at(sim: Simulation, step: int) -> dict[str, float]:
         return sim.stats[(last, 0, step)].cpu_total_s if step >= 0 else {}
     n = len(kept)
