@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,6 +56,7 @@ class Result:
     losses: list[float]
     compute_cpu_s: list[float] | None = None  # per rank, the median step's compute CPU (the peer measures none)
     cpu_s: list[float] | None = None  # per rank, the median step's CPU, every thread of the rank's process
+    wakeups_hz: list[float] | None = None  # per rank, the median step's wake-ups of its other threads per second
 
 
 @contextmanager
@@ -67,11 +67,7 @@ def _testbed(cluster: Cluster):
         return
     from .. import testbed
 
-    with testbed.held(cluster.nodes, cluster.ranks_per_node, cluster.link, cluster.mtu) as tb, \
-            tempfile.TemporaryDirectory(prefix="trirace-bench-") as tmp:
-        topo = Path(tmp) / "topology.yaml"
-        topo.write_text(f"nodes: {cluster.nodes}\nranks_per_node: {cluster.ranks_per_node}\n"
-                        f"inter: {{bandwidth: {cluster.link}, latency: 100us}}\n")
+    with testbed.held_job(cluster.nodes, cluster.ranks_per_node, cluster.link, cluster.mtu) as (tb, topo):
         yield tb.rank_command, tb.rank_env, topo
 
 
@@ -135,7 +131,8 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
         results.append(Result(s, base.tokens_per_step / step[s], step[s], per_round[s], b, b / step[s],
                               ref / step[s], med("exposed_p2p_s"), med("exposed_allreduce_s"), losses[s],
                               _per_rank(rows[s], "rank_compute_cpu_s") if s in measured else None,
-                              _per_rank(rows[s], "rank_cpu_s") if s in measured else None))
+                              _per_rank(rows[s], "rank_cpu_s") if s in measured else None,
+                              _per_rank(rows[s], "rank_wakeups", per_second=True) if s in measured else None))
     return {"config": {**base.model_dump(mode="json", exclude={"topology"}), "cluster": asdict(cluster),
                        "rounds": rounds, "warmup_steps": WARMUP_STEPS, "drain_steps": DRAIN_STEPS,
                        "lower_bound": {**asdict(reference), "binding": reference.binding,
@@ -157,9 +154,11 @@ def _link_load(cfg: TrainConfig, topo: Topology, rows: list[dict]) -> dict[tuple
     return plan_link_bytes(plan, cfg.micro_batches, cfg.activation_bytes, sent)
 
 
-def _per_rank(rows: list[dict], key: str) -> list[float]:
-    """Each rank's median step of a per-rank figure (its compute CPU, its process's CPU)."""
-    return [statistics.median(r[key][i] for r in rows) for i in range(len(rows[0][key]))]
+def _per_rank(rows: list[dict], key: str, per_second: bool = False) -> list[float]:
+    """Each rank's median step of a per-rank figure (its compute CPU, its process's CPU),
+    or of its rate over the step."""
+    return [statistics.median(r[key][i] / (r["step_time_s"] if per_second else 1.0) for r in rows)
+            for i in range(len(rows[0][key]))]
 
 
 def _bound(cfg: TrainConfig, topo: Topology, rows: list[dict], load: dict[tuple[int, str], float]) -> Bound:

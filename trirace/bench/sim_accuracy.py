@@ -88,17 +88,18 @@ def main(argv: list[str] | None = None) -> int:
                 calibrations[c.link] = path.name  # beside accuracy.json
             print(f"[{i + 1}/{len(cells)}] measuring {matrix.cell_name(c)} ...", file=sys.stderr, flush=True)
             # the host's speed before and after, against its calibration's (it drifts: stop 27)
-            threads = load_calibration(out / calibrations[c.link]).threads
-            before = compute_now(cfg, threads)
+            cal = load_calibration(out / calibrations[c.link])
+            before = compute_now(cfg, cal.threads)
             measured = side_by_side.run(cfg, c, POLICIES, args.rounds)
-            after = compute_now(cfg, threads)
-            contention = cpu_contention(cfg, cfg.world_size, threads)  # the shared cores as the cell left them
+            after = compute_now(cfg, cal.threads)
+            # the shared cores as the cell left them, beside the calibration's wake-ups
+            contention = cpu_contention(cfg, cfg.world_size, cal.threads, wake_hz=cal.comm_wakeups_hz)
             cell = {"name": matrix.cell_name(c), "cluster": [c.nodes, c.ranks_per_node, c.link],
                     "config": measured["config"], "calibration": calibrations[c.link],
                     "compute_s": [before, after],
                     "contention_after": {"throughput": contention.throughput, "spread": contention.spread},
                     "measured": [{k: r[k] for k in ("system", "step_time_s", "round_steps_s", "exposed_p2p_s",
-                                                      "exposed_allreduce_s", "compute_cpu_s", "cpu_s")}
+                                                      "exposed_allreduce_s", "compute_cpu_s", "cpu_s", "wakeups_hz")}
                                  for r in measured["results"]]}
             cell["results"] = predict(cell, out)
             payload["cells"].append(cell)

@@ -12,7 +12,8 @@
   (sim/host.py): the work k processes computing at once get done, for k up to the
   job's ranks, and the CPU seconds a transfer costs both ends, per message (on the same
   pairs as the link probe) and per byte (as the work computation beside it loses:
-  transfer_beside_compute).
+  transfer_beside_compute); both measured beside a thread in each process that wakes as
+  often as the job's communication threads do in a short real run (comm_wakeups).
 """
 
 from __future__ import annotations
@@ -197,10 +198,12 @@ _CONTEND = r"""
 import json, os, sys, time, torch
 from trirace.config import TrainConfig
 from trirace.runtime.calibrate import model_step
+from trirace.runtime.wakeups import Waker
 cfg = TrainConfig(**json.load(open(sys.argv[1])))
-threads, go, seconds, out = int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), sys.argv[5]
+threads, go, seconds, out, wake_hz = int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), sys.argv[5], float(sys.argv[6])
 torch.set_num_threads(threads)
 torch.manual_seed(0)
+waker = Waker(wake_hz).__enter__()  # the job's communication threads' wake-ups, for the whole run
 step = model_step(cfg)
 step()
 open(out + ".ready", "w").close()
@@ -214,6 +217,7 @@ while not times or time.time() < start + seconds:  # at least one step, however 
     t0 = time.perf_counter()
     step()
     times.append(time.perf_counter() - t0)
+waker.__exit__()
 json.dump({"mean": sum(times) / len(times), "best": min(times), "times": times}, open(out, "w"))
 """
 
@@ -227,14 +231,16 @@ class Contention:
 
 
 def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float = 6.0,
-                   timeout_s: float = 300) -> Contention:
+                   timeout_s: float = 300, wake_hz: float = 0.0) -> Contention:
     """Run k processes computing the model at once (each with `threads` threads), for
     k = 1..workers. Throughput: the sum over the k of best / mean iteration time, where best
     is one process's fastest alone. The per-layer times are fastest-of-a-few too, so the
     curve turns them into what k processes really get done (k=1 included). Spread: how much
     an iteration's time varies, over all k processes' iterations (the OS hands the cores
     out unevenly; the simulator draws compute times with it). The window opens once every
-    process is computing (a ready file each, then a go file)."""
+    process is computing (a ready file each, then a go file). Beside each process's
+    computation a thread wakes `wake_hz` times a second, as the job's communication threads
+    do (comm_wakeups): each wake-up on a saturated core preempts computation."""
     out, spread = [], []
     with tempfile.TemporaryDirectory(prefix="trirace-contend-") as tmp:
         job = Path(tmp) / "cfg.json"
@@ -243,7 +249,7 @@ def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float 
             files = [Path(tmp) / f"k{k}-{i}.json" for i in range(k)]
             go = Path(tmp) / f"go{k}"
             procs = [subprocess.Popen(["timeout", "-k", "5", str(timeout_s), sys.executable, "-c", _CONTEND, str(job),
-                                       str(threads), str(go), str(seconds), str(f)]) for f in files]
+                                       str(threads), str(go), str(seconds), str(f), str(wake_hz)]) for f in files]
             deadline = time.time() + timeout_s
             while not all(Path(f"{f}.ready").exists() for f in files):
                 if time.time() > deadline or any(p.poll() is not None for p in procs):
@@ -272,6 +278,8 @@ cfg = TrainConfig(**json.load(open(sys.argv[5])))
 threads, rate, seconds, rounds, span = int(sys.argv[6]), float(sys.argv[7]), float(sys.argv[8]), int(sys.argv[9]), int(sys.argv[10])
 nbytes, groups = int(sys.argv[11]), json.loads(sys.argv[12])  # groups: [] = a P2P ring of every rank
 torch.set_num_threads(threads)
+from trirace.runtime.wakeups import Waker
+Waker(float(sys.argv[13])).__enter__()  # in quiet and busy windows alike: the job's other wake-ups
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
 ring_group = dist.new_group(list(range(world)))  # the ring thread's own communicator: it alone issues on it
 mine = None
@@ -338,7 +346,8 @@ COLLECTIVE_PROBE_BYTES = 4 << 20  # priority's default chunk, between trirace's 
 
 def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, per_message_s: float,
                             link: str | None = None, bytes_per_s: float = 64 * 2**20, mtu: int = 9000,
-                            collective: bool = False, rounds: int = 3, timeout_s: float = 300) -> float:
+                            collective: bool = False, rounds: int = 3, timeout_s: float = 300,
+                            wake_hz: float = 0.0) -> float:
     """CPU seconds per byte sent that a transfer takes from computation beside it, where
     every rank shares this host's cores: the job's ranks all compute the model, and in
     alternate windows each also sends, paced at `bytes_per_s` (on the testbed's nodes at
@@ -353,7 +362,8 @@ def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, 
     the bytes stream through caches computation was using, and every wake-up of gloo's
     threads takes a core from it. So the operations walk through a buffer as large as the
     model's gradients (up to 64 MiB), as a reduction's chunks do, rather than reusing one
-    that stays in cache."""
+    that stays in cache. Each rank has a thread waking `wake_hz` times a second in both
+    windows, as cpu_contention's processes do: the byte's cost is what it adds to those."""
     from contextlib import nullcontext
 
     from .. import testbed
@@ -376,7 +386,7 @@ def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, 
         job.write_text(json.dumps(cfg.model_dump(mode="json")))
         _run_ranks("transfer-beside-compute probe", _BESIDE, world, tb,
                    [str(world), str(Path(tmp) / "store"), str(out), str(job), str(threads), str(bytes_per_s), str(seconds),
-                    str(rounds), str(span), str(nbytes), json.dumps(groups)], out, timeout_s)
+                    str(rounds), str(span), str(nbytes), json.dumps(groups), str(wake_hz)], out, timeout_s)
         got = json.loads(out.read_text())
     per_byte = []
     for i in range(0, 2 * rounds, 2):
@@ -389,6 +399,31 @@ def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, 
     if not per_byte:
         raise UsageError("transfer-beside-compute probe: no window held a whole iteration")
     return statistics.median(per_byte)
+
+
+def comm_wakeups(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, steps: int = 8) -> float:
+    """Wake-ups per second of a rank's communication threads (every thread but the one that
+    computes) while the job trains: a short real run of `cfg` with one rank on each
+    testbed node at `link` (else on this host's loopback), each rank's median over its
+    steady steps, the mean over ranks. Its bytes and messages are the job's, so it wakes as
+    the job does: stop 34 measured gloo's loop waking once per 12 KB in a run and once per
+    40 KB in transfer_beside_compute's steady stream."""
+    from contextlib import nullcontext
+
+    from .. import testbed
+    from ..plan.bounds import steady_steps
+    from .launch import run_local
+
+    held = testbed.held_job(cfg.world_size, 1, link, mtu) if link else nullcontext((None, None))
+    with held as (tb, topo):
+        job = cfg.model_copy(update={"steps": steps, "topology": topo, "progress": False, "metrics_out": None,
+                                     "trace_out": None, "checkpoint_dir": None})
+        rows = run_local([job], rank_command=tb.rank_command if tb else None,
+                         rank_env=tb.rank_env if tb else None)[0]
+    kept = steady_steps(len(rows))
+    rows = rows[kept.start:kept.stop]
+    return statistics.fmean(statistics.median(r["rank_wakeups"][i] / r["step_time_s"] for r in rows)
+                            for i in range(cfg.world_size))
 
 
 def probe_pair(across_nodes: bool, link: str | None = None, mtu: int = 9000, timeout_s: float = 120) -> dict:
@@ -474,9 +509,10 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         probes["inter"] = probe_pair(True, link, mtu)
     links = {k: {"bits_per_s": v["bits_per_s"], "latency_s": v["latency_s"]} for k, v in probes.items()}
     shared = PRESETS[cluster].shared_cores if cluster in PRESETS else None
-    contention, cost = Contention([], []), {}
-    if shared:  # every rank on this host's cores: what they cost each other
-        contention = cpu_contention(cfg, cfg.world_size, threads)
+    contention, cost, wake_hz = Contention([], []), {}, 0.0
+    if shared:  # every rank on this host's cores: what they cost each other, beside the job's wake-ups
+        wake_hz = comm_wakeups(cfg, link, mtu)
+        contention = cpu_contention(cfg, cfg.world_size, threads, wake_hz=wake_hz)
         draws.append(layer_times(cfg))
         iteration_s = statistics.median(sum(f) + sum(b) for f, b, _ in draws)
         # a byte's cost where it matters, beside computation on saturated cores (and idle, for the record):
@@ -484,7 +520,7 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         rates = {k: min(v["bits_per_s"] / 8, 64 * 2**20) for k, v in probes.items()}
         for k, v in probes.items():
             beside = partial(transfer_beside_compute, cfg, threads, iteration_s, v["cpu_per_message_s"],
-                             link if k == "inter" else None, rates[k], mtu)
+                             link if k == "inter" else None, rates[k], mtu, wake_hz=wake_hz)
             cost[k] = {"per_message_s": v["cpu_per_message_s"], "per_byte_idle_s": v["cpu_per_byte_s"],
                        "per_byte_s": beside()}
             if cfg.dp > 1:
@@ -499,4 +535,5 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
                        {str(cfg.tokens_per_replica_step): rows_touched(cfg)}, host=socket.gethostname(),
                        cpu_throughput=contention.throughput, compute_spread=contention.spread, transfer_cpu=cost,
                        send_buffer={k: v["send_buffer_bytes"] for k, v in probes.items() if "send_buffer_bytes" in v},
-                       link_share=share, compute_draws_s=[sum(f) + sum(b) for f, b, _ in draws])
+                       link_share=share, compute_draws_s=[sum(f) + sum(b) for f, b, _ in draws],
+                       comm_wakeups_hz=wake_hz)

@@ -7,6 +7,7 @@ import math
 import os
 import shutil
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -36,6 +37,7 @@ from .groups import Groups, control_communicator, make_groups
 from .probe import detect_topology, probe_links
 from .profile import profile_layers
 from .stage import StageModel
+from .wakeups import others_wakeups
 
 
 def sampler_for(cfg: TrainConfig, held_out: bool = False) -> BatchSampler:
@@ -251,6 +253,7 @@ class _StepMetrics:
         self.pending: list[tuple[int, float, torch.Tensor, Handle]] = []
         self.last_end: float | None = None
         self.last_cpu = (0.0, 0.0)
+        self.engine_tid, self.last_wakeups = 0, None
 
     def start(self, t: float) -> None:
         """Training starts now (on the thread that runs the engine): the first step's window
@@ -260,6 +263,8 @@ class _StepMetrics:
         # metrics.step, which on_step calls after OPT and after any checkpoint or evaluation
         # it takes (the simulator models neither; the bench takes none)
         self.last_cpu = (time.process_time(), time.thread_time())
+        self.engine_tid = threading.get_native_id()
+        self.last_wakeups = others_wakeups(self.engine_tid)
 
     def step(self, rec: StepRecord) -> None:
         st = self.comm.stats.take(rec.step)
@@ -269,7 +274,7 @@ class _StepMetrics:
         self.last_end = rec.end_time
         method = self.METHODS.index(st["embedding_method"]) + 1 if st["embedding_method"] else 0
         nf, world = len(self.FIELDS), self.cfg.world_size
-        vec = torch.zeros(nf + 6 * world, dtype=torch.float64)
+        vec = torch.zeros(nf + 7 * world, dtype=torch.float64)
         vec[:nf] = torch.tensor([loss, exposed.get("p2p", 0.0), exposed.get("allreduce", 0.0),
                                  exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s,
                                  window, st["embedding_bytes"], method, st["early_chunks"], rec.val_loss_sum,
@@ -287,6 +292,10 @@ class _StepMetrics:
         vec[nf + 4 * world + self.g.rank] = cpu[0] - self.last_cpu[0]
         vec[nf + 5 * world + self.g.rank] = cpu[1] - self.last_cpu[1]
         self.last_cpu = cpu
+        wakeups = others_wakeups(self.engine_tid)
+        if wakeups is not None and self.last_wakeups is not None:
+            vec[nf + 6 * world + self.g.rank] = max(wakeups - self.last_wakeups, 0)
+        self.last_wakeups = wakeups
         self.pending.append((rec.step, rec.end_time, vec, self.g.control.all_reduce(vec)))
         while len(self.pending) > self.LAG:
             self._emit(*self.pending.pop(0))
@@ -305,7 +314,8 @@ class _StepMetrics:
         rss = vec[nf + 2 * world:nf + 3 * world].tolist()
         peak_rss = vec[nf + 3 * world:nf + 4 * world].tolist()
         process_cpu = vec[nf + 4 * world:nf + 5 * world].tolist()
-        engine_cpu = vec[nf + 5 * world:].tolist()
+        engine_cpu = vec[nf + 5 * world:nf + 6 * world].tolist()
+        wakeups = vec[nf + 6 * world:].tolist()
         if self.comm.tuner:  # the same numbers on every rank: the same decision everywhere
             self.comm.tuner.observe(step, v["step_time_s"] / world)
         if self.report is None:
@@ -326,6 +336,9 @@ class _StepMetrics:
         # bookkeeping, the data): what the simulator charges the shared cores is checked against these
         row["rank_cpu_s"] = process_cpu
         row["rank_engine_cpu_s"] = engine_cpu
+        # wake-ups of the rank's other threads since its previous step (0 without /proc):
+        # each preempts computation where the cores are shared (runtime/wakeups.py)
+        row["rank_wakeups"] = wakeups
         row["rank_rss_mb"] = rss
         row["rank_peak_rss_mb"] = peak_rss  # the high-water mark since this run started
         for cls in ("intra", "inter"):  # probed at start-up, and achieved since (this rank's view)

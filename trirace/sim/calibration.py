@@ -31,6 +31,10 @@ JSON, so it can be read, diffed and edited:
   link_share                         {"inter": s}: two activations leaving a node together,
                                      the first to finish had s of the link while both moved
                                      (0.5: fair; TCP through the testbed's shaper is not)
+  comm_wakeups_hz                    wake-ups per second of a rank's communication threads in a
+                                     short run of the job; cpu_throughput and transfer_cpu's
+                                     per_byte_s were measured beside a thread waking as often
+                                     in each process (0: without one; older files)
   host                               where it ran
 """
 
@@ -69,6 +73,7 @@ class Calibration:
     send_buffer: dict[str, float] = field(default_factory=dict)  # empty: a send returns on delivery
     link_share: dict[str, float] = field(default_factory=dict)  # empty: links shared fairly
     compute_draws_s: list[float] = field(default_factory=list)
+    comm_wakeups_hz: float = 0.0
     host: str = ""
     version: int = VERSION
 
@@ -119,7 +124,7 @@ def load_calibration(path: str | Path) -> Calibration:
     if not all(math.isfinite(x) and 0.5 <= x <= 1 for x in cal.link_share.values()):
         raise UsageError(f"calibration file {p}: link_share must be between 0.5 and 1")
     if not all(math.isfinite(x) and x > 0 for x in cal.cpu_throughput) or \
-            not all(math.isfinite(x) and x >= 0 for x in costs + cal.compute_spread):
+            not all(math.isfinite(x) and x >= 0 for x in costs + cal.compute_spread + [cal.comm_wakeups_hz]):
         raise UsageError(f"calibration file {p}: cpu_throughput must be positive, transfer_cpu, "
-                         "send_buffer and compute_spread non-negative")
+                         "send_buffer, compute_spread and comm_wakeups_hz non-negative")
     return cal

@@ -6,8 +6,8 @@
     down()                                               # -> namespaces removed
 """
 
-from .cluster import check, current, down, held, up
+from .cluster import check, current, down, held, held_job, up
 from .rate import parse_rate
 from .topology import Testbed
 
-__all__ = ["Testbed", "check", "current", "down", "held", "parse_rate", "up"]
+__all__ = ["Testbed", "check", "current", "down", "held", "held_job", "parse_rate", "up"]

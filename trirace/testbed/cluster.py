@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -93,6 +94,17 @@ def held(nodes: int, ranks_per_node: int, rate: str, mtu: int = 9000) -> Iterato
             yield tb
         finally:
             down()
+
+
+@contextmanager
+def held_job(nodes: int, ranks_per_node: int, rate: str, mtu: int = 9000) -> Iterator[tuple[Testbed, Path]]:
+    """A testbed held as `held` does, with a topology file that tells a job run on it
+    where its ranks are (the link's nominal rate; the job probes the real one)."""
+    with held(nodes, ranks_per_node, rate, mtu) as tb, tempfile.TemporaryDirectory(prefix="trirace-job-") as tmp:
+        topo = Path(tmp) / "topology.yaml"
+        topo.write_text(f"nodes: {nodes}\nranks_per_node: {ranks_per_node}\n"
+                        f"inter: {{bandwidth: {rate}, latency: 100us}}\n")
+        yield tb, topo
 
 
 def current(prefix: str = "trirace") -> Testbed | None:

@@ -1,0 +1,69 @@
+"""How often a process's threads other than the one that computes wake up.
+
+On cores that computation saturates, each wake-up of a communication thread (gloo's TCP
+loop, the launcher, the waiters) preempts a computing thread, which then refills its
+caches: stop 33 measured four ranks on two cores lose 8-11% of their work beside a thread
+waking 1,000 times a second in each, and a run's gloo threads wake 1,100-1,400 times a
+second per rank at 4x1 @ 500 Mbit. So the ranks count them per step, and the calibration
+measures computation beside a thread waking as often (runtime/calibrate.py).
+
+Counted from Linux's /proc (voluntary context switches: a thread that blocked and was
+woken); None where there is no /proc. A thread that has exited drops out of the sum, so a
+difference of two readings is clamped at zero by its users.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+_TASKS = Path("/proc/self/task")
+
+
+def others_wakeups(main_tid: int) -> int | None:
+    """Voluntary context switches so far of this process's live threads, `main_tid` excepted."""
+    if not _TASKS.is_dir():
+        return None
+    total = 0
+    for task in _TASKS.iterdir():
+        if task.name == str(main_tid):
+            continue
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+                    break
+        except OSError:  # it exited while we looked
+            continue
+    return total
+
+
+class Waker:
+    """A daemon thread that sleeps and wakes `hz` times a second (on a fixed timetable, so
+    a late wake-up is not followed by a short sleep that would skip one) until `stop`:
+    stands in for a job's communication threads beside computation that is timed."""
+
+    def __init__(self, hz: float):
+        self.hz, self.wakeups, self._stop = hz, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trirace-waker", daemon=True)
+
+    def __enter__(self) -> Waker:
+        if self.hz > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        period, due = 1.0 / self.hz, time.perf_counter()
+        while not self._stop.is_set():
+            due += period
+            delay = due - time.perf_counter()
+            if delay <= 0:  # behind (the cores are busy): a whole period, since a zero sleep does not block
+                due, delay = time.perf_counter() + period, period
+            time.sleep(delay)
+            self.wakeups += 1
