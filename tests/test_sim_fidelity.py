@@ -23,7 +23,8 @@ from trirace.models.build import layer_param_numels
 from trirace.plan import Layout, build_schedule
 from trirace.plan.bounds import steady_steps
 from trirace.plan.topology import Link, Topology
-from trirace.runtime.calibrate import compute_now, cpu_contention, layer_times, link_share, probe_pair
+from trirace.runtime.calibrate import (comm_wakeups, compute_now, cpu_contention, layer_times, link_share,
+                                       probe_pair)
 from trirace.sim import report
 from trirace.sim.calibration import Calibration, load_calibration
 from trirace.sim.cluster import PRESET_FILE, PRESETS, load_cluster
@@ -134,9 +135,13 @@ def test_calibration_without_host_figures_still_loads_and_bad_ones_are_refused(t
         load_calibration(tmp_path / "bad.json")
     data["cpu_throughput"], data["compute_spread"] = [1.0, 1.8], [0.1, -0.1]
     (tmp_path / "bad.json").write_text(json.dumps(data))
-    with pytest.raises(UsageError, match="compute_spread non-negative"):
+    with pytest.raises(UsageError, match="compute_spread and comm_wakeups_hz non-negative"):
         load_calibration(tmp_path / "bad.json")
-    data["compute_spread"], data["link_share"] = [0.1], {"inter": 0.3}
+    data["compute_spread"], data["comm_wakeups_hz"] = [0.1], -5.0
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="comm_wakeups_hz non-negative"):
+        load_calibration(tmp_path / "bad.json")
+    data["comm_wakeups_hz"], data["link_share"] = 0.0, {"inter": 0.3}
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(UsageError, match="link_share must be between 0.5 and 1"):
         load_calibration(tmp_path / "bad.json")
@@ -158,8 +163,9 @@ def test_measured_host_figures_slow_the_simulated_testbed():
 
 def test_profile_measures_what_ranks_sharing_cores_cost_each_other():
     cfg = make_config({"model": "gpt-test", "pp": 1, "dp": 2, "data": "synthetic"})
-    got = cpu_contention(cfg, 2, 1, seconds=0.4)
+    got = cpu_contention(cfg, 2, 1, seconds=0.4, wake_hz=400)
     curve = got.throughput
+    assert len(got.wake_hz) == 2 and all(100 < hz <= 440 for hz in got.wake_hz)  # each process had its waker
     # Only what load on the machine cannot move: real processes measured something, and
     # k of them never get more than k times one's best (nor two cores more than ~2x).
     assert len(curve) == 2 and 0 < curve[0] <= 1.0  # one alone: its mean against its best
@@ -171,6 +177,12 @@ def test_profile_measures_what_ranks_sharing_cores_cost_each_other():
     got = probe_pair(False)  # a real gloo pair on loopback
     assert got["cpu_per_message_s"] >= 0 and got["cpu_per_byte_s"] >= 0
     assert got["cpu_per_message_s"] < 0.05 and got["cpu_per_byte_s"] < 1e-6
+
+
+def test_profile_measures_how_often_the_jobs_communication_threads_wake():
+    cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 1, "micro_batches": 2, "data": "synthetic"})
+    hz = comm_wakeups(cfg, steps=6)  # a real two-rank job on loopback
+    assert 0 < hz < 1e5
 
 
 # ------------------------------------------------------------------ replicas unfolded

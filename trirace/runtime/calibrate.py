@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -203,7 +203,7 @@ cfg = TrainConfig(**json.load(open(sys.argv[1])))
 threads, go, seconds, out, wake_hz = int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), sys.argv[5], float(sys.argv[6])
 torch.set_num_threads(threads)
 torch.manual_seed(0)
-waker = Waker(wake_hz).__enter__()  # the job's communication threads' wake-ups, for the whole run
+waker, woke = Waker(wake_hz).__enter__(), time.time()  # the job's communication threads' wake-ups, throughout
 step = model_step(cfg)
 step()
 open(out + ".ready", "w").close()
@@ -218,7 +218,8 @@ while not times or time.time() < start + seconds:  # at least one step, however 
     step()
     times.append(time.perf_counter() - t0)
 waker.__exit__()
-json.dump({"mean": sum(times) / len(times), "best": min(times), "times": times}, open(out, "w"))
+json.dump({"mean": sum(times) / len(times), "best": min(times), "times": times,
+           "wake_hz": waker.wakeups / (time.time() - woke)}, open(out, "w"))
 """
 
 
@@ -228,6 +229,7 @@ class Contention:
 
     throughput: list[float]  # [k-1]: work per second, in units of one process's fastest alone
     spread: list[float]  # [k-1]: coefficient of variation of one iteration's time among them
+    wake_hz: list[float] = field(default_factory=list)  # [k-1]: the wake-ups each process's waker achieved
 
 
 def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float = 6.0,
@@ -241,7 +243,7 @@ def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float 
     process is computing (a ready file each, then a go file). Beside each process's
     computation a thread wakes `wake_hz` times a second, as the job's communication threads
     do (comm_wakeups): each wake-up on a saturated core preempts computation."""
-    out, spread = [], []
+    out, spread, woke = [], [], []
     with tempfile.TemporaryDirectory(prefix="trirace-contend-") as tmp:
         job = Path(tmp) / "cfg.json"
         job.write_text(json.dumps(cfg.model_dump(mode="json")))
@@ -266,7 +268,8 @@ def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float 
             out.append(sum(best / g["mean"] for g in got))
             times = [t for g in got for t in g["times"]]
             spread.append(statistics.pstdev(times) / statistics.fmean(times))
-    return Contention(out, spread)
+            woke.append(statistics.fmean(g["wake_hz"] for g in got))
+    return Contention(out, spread, woke)
 
 
 _BESIDE = r"""

@@ -1,0 +1,29 @@
+"""Wake-ups of a process's other threads, counted from /proc, and the waker that stands in for them."""
+
+import threading
+import time
+
+import pytest
+
+from trirace.runtime.wakeups import Waker, others_wakeups
+
+pytestmark = pytest.mark.skipif(others_wakeups(0) is None, reason="needs Linux's /proc")
+
+
+def test_a_waker_wakes_about_as_often_as_asked_and_the_count_sees_it():
+    me = threading.get_native_id()
+    with Waker(400) as w:
+        before = others_wakeups(me)
+        time.sleep(0.5)
+        seen = others_wakeups(me) - before
+    assert 100 <= w.wakeups <= 220  # 200 due in the half second; late ones are skipped, never doubled
+    assert 100 <= seen <= 230  # the thread blocked and was woken each time (a few more: its start)
+
+
+def test_a_waker_at_zero_starts_no_thread():
+    me = threading.get_native_id()
+    before = threading.active_count(), others_wakeups(me)
+    with Waker(0) as w:
+        assert threading.active_count() == before[0]
+        time.sleep(0.1)
+    assert w.wakeups == 0 and others_wakeups(me) - before[1] < 5
