@@ -133,6 +133,8 @@ def predict(cell: dict, where: Path) -> list[dict]:
                    "host_compute_error": simulate(job, cluster, m["system"], at_host).iteration_time_s / m["step_time_s"] - 1}
         if m.get("cpu_s"):  # (files from before stop 33 lack it)
             row["measured_cpu_s"] = sum(m["cpu_s"])
+        if m.get("wakeups_hz"):  # (files from before stop 34 lack it)
+            row["measured_wakeups_hz"] = statistics.fmean(m["wakeups_hz"])
         row["predicted_cpu_s"] = pred.cpu_s_per_step
         rows.append({"policy": m["system"], "measured_s": m["step_time_s"], "predicted_s": pred.iteration_time_s,
                      "error": pred.iteration_time_s / m["step_time_s"] - 1,
@@ -167,7 +169,7 @@ def markdown(payload: dict, where: Path) -> str:
              "| CPU per step, all ranks: measured / simulated (s) "
              "| exposed P2P measured / predicted (s) | exposed AllReduce measured / predicted (s) |",
              "|" + "---|" * 11]
-    errors, folded, at_host, cpu_ratio = [], [], [], []
+    errors, folded, at_host, cpu_ratio, woke = [], [], [], [], {}
     for cell in payload["cells"]:
         for r in cell["results"]:
             errors.append(abs(r["error"]))
@@ -181,6 +183,8 @@ def markdown(payload: dict, where: Path) -> str:
                 run = f"{'-' if ran is None else f'{ran:.2f}'} / {sim_cpu:.2f}"
                 if ran is not None:
                     cpu_ratio.append(sim_cpu / ran)
+            if "measured_wakeups_hz" in r:
+                woke.setdefault(r["policy"], []).append(r["measured_wakeups_hz"])
             lines.append(f"| {cell['name']} | {r['policy']} | {r['measured_s']:.3f} | "
                          f"{' '.join(f'{x:.3f}' for x in r['rounds_s'])} | {r['predicted_s']:.3f} | "
                          f"{100 * r['error']:+.1f}% | {100 * r.get('folded_error', r['error']):+.1f}% | {host} | {run} | "
@@ -194,6 +198,9 @@ def markdown(payload: dict, where: Path) -> str:
         cpu_ratio.sort()
         lines.append(f"The simulated CPU per step over the measured (every thread of every rank): median "
                      f"{statistics.median(cpu_ratio):.2f}, {cpu_ratio[0]:.2f}-{cpu_ratio[-1]:.2f}")
+    if woke:
+        lines.append("A rank's communication threads woke (per second, the ranks' mean, over the cells): " + "; ".join(
+            f"{p} {min(v):.0f}-{max(v):.0f}" for p, v in woke.items()) + " (the calibrations' job: below)")
     return "\n".join(lines + ["", calibrations(payload, where)] + host_speed(payload, where))
 
 
@@ -237,7 +244,8 @@ def calibrations(payload: dict, where: Path) -> str:
     lines = ["| calibration | forward + backward per micro-batch (s) (its timings) | work done by 1..k ranks at once "
              "(x one rank's best) | an iteration's spread with 1..k at once | inter-node transfer CPU per message "
              "(ms) / per MB beside computation (ms): sent, all-reduced | loopback's per MB: sent, all-reduced (ms) "
-             "| first of two activations' share of the uplink |", "|---|---|---|---|---|---|---|"]
+             "| first of two activations' share of the uplink | the job's wake-ups per rank per second, measured "
+             "beside |", "|---|---|---|---|---|---|---|---|"]
 
     def per_mb(cost: dict) -> str:
         return " ".join(f"{1e9 * cost[k]:.2f}" for k in ("per_byte_s", "per_byte_collective_s") if k in cost) or "-"
@@ -250,7 +258,8 @@ def calibrations(payload: dict, where: Path) -> str:
                      f"{' '.join(f'{x:.0%}' for x in cal.compute_spread) or '-'} | "
                      f"{1e3 * inter.get('per_message_s', 0):.2f} / {per_mb(inter)} | "
                      f"{per_mb(cal.transfer_cpu.get('intra', {}))} | "
-                     + (f"{cal.link_share['inter']:.2f} |" if "inter" in cal.link_share else "- |"))
+                     + (f"{cal.link_share['inter']:.2f} |" if "inter" in cal.link_share else "- |")
+                     + (f" {cal.comm_wakeups_hz:.0f} |" if cal.comm_wakeups_hz else " - |"))
     return "\n".join(lines)
 
 
