@@ -2,6 +2,7 @@
 deadlocks, survives a straggler, and leaves a readable timeline."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -85,7 +86,8 @@ def test_metrics_report_exposed_communication(pp2dp2):
                                         for k in ("rank_compute_cpu_s", "rank_engine_cpu_s", "rank_cpu_s"))
             assert 0 < compute <= engine <= process, (c.comm_policy, i, compute, engine, process)
             # its communication threads (gloo's loops at least) woke while it trained
-            assert sum(r["rank_wakeups"][i] for r in rows) > 0, (c.comm_policy, i)
+            assert not Path("/proc/self/task").is_dir() or sum(r["rank_wakeups"][i] for r in rows) > 0, \
+                (c.comm_policy, i)
     blocking = res[0]
     assert sum(r["exposed_allreduce_s"] for r in blocking) > 0  # blocking waits for every reduction
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -165,7 +166,7 @@ def test_profile_measures_what_ranks_sharing_cores_cost_each_other():
     cfg = make_config({"model": "gpt-test", "pp": 1, "dp": 2, "data": "synthetic"})
     got = cpu_contention(cfg, 2, 1, seconds=0.4, wake_hz=400)
     curve = got.throughput
-    assert len(got.wake_hz) == 2 and all(100 < hz <= 440 for hz in got.wake_hz)  # each process had its waker
+    assert len(got.wake_hz) == 2 and all(10 < hz <= 440 for hz in got.wake_hz)  # each process had its waker
     # Only what load on the machine cannot move: real processes measured something, and
     # k of them never get more than k times one's best (nor two cores more than ~2x).
     assert len(curve) == 2 and 0 < curve[0] <= 1.0  # one alone: its mean against its best
@@ -179,10 +180,11 @@ def test_profile_measures_what_ranks_sharing_cores_cost_each_other():
     assert got["cpu_per_message_s"] < 0.05 and got["cpu_per_byte_s"] < 1e-6
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts wake-ups from Linux's /proc")
 def test_profile_measures_how_often_the_jobs_communication_threads_wake():
     cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 1, "micro_batches": 2, "data": "synthetic"})
     hz = comm_wakeups(cfg, steps=6)  # a real two-rank job on loopback
-    assert 0 < hz < 1e5
+    assert 10 < hz < 1e5  # gloo's loops wake per message: hundreds a second, not a CPU figure's 0.5
 
 
 # ------------------------------------------------------------------ replicas unfolded

@@ -16,8 +16,8 @@ def test_a_waker_wakes_about_as_often_as_asked_and_the_count_sees_it():
         before = others_wakeups(me)
         time.sleep(0.5)
         seen = others_wakeups(me) - before
-    assert 100 <= w.wakeups <= 220  # 200 due in the half second; late ones are skipped, never doubled
-    assert 100 <= seen <= 230  # the thread blocked and was woken each time (a few more: its start)
+    assert 50 <= w.wakeups <= 220  # 200 due in the half second; late ones are skipped, never doubled
+    assert w.wakeups - 5 <= seen <= w.wakeups + 100  # it blocked and was woken each time (more: other threads)
 
 
 def test_a_waker_at_zero_starts_no_thread():
@@ -27,3 +27,10 @@ def test_a_waker_at_zero_starts_no_thread():
         assert threading.active_count() == before[0]
         time.sleep(0.1)
     assert w.wakeups == 0 and others_wakeups(me) - before[1] < 5
+
+
+def test_a_slow_waker_stops_at_once():
+    with Waker(0.01) as w:  # a period of 100 s
+        time.sleep(0.05)
+        t0 = time.perf_counter()
+    assert time.perf_counter() - t0 < 1.0 and w.wakeups == 0

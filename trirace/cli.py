@@ -385,7 +385,7 @@ def _profile(args: argparse.Namespace) -> int:
                           for k, v in cal.transfer_cpu.items())
         shared = (f"; shared cores do {' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} x one rank's work with "
                   f"1..{len(cal.cpu_throughput)} ranks computing"
-                  + (f" beside {cal.comm_wakeups_hz:.0f} wake-ups/s each (the job's communication threads')"
+                  + (f" beside {cal.comm_wakeups_hz:.0f} wake-ups/s each (a rank's other threads', in the job)"
                      if cal.comm_wakeups_hz else "") + ", an iteration's time varying by "
                   f"{' '.join(f'{x:.0%}' for x in cal.compute_spread)}; transfer CPU {costs}")
     if cal.link_share:

@@ -199,7 +199,7 @@ def markdown(payload: dict, where: Path) -> str:
         lines.append(f"The simulated CPU per step over the measured (every thread of every rank): median "
                      f"{statistics.median(cpu_ratio):.2f}, {cpu_ratio[0]:.2f}-{cpu_ratio[-1]:.2f}")
     if woke:
-        lines.append("A rank's communication threads woke (per second, the ranks' mean, over the cells): " + "; ".join(
+        lines.append("A rank's other threads (its communication) woke (per second, the ranks' mean, over the cells): " + "; ".join(
             f"{p} {min(v):.0f}-{max(v):.0f}" for p, v in woke.items()) + " (the calibrations' job: below)")
     return "\n".join(lines + ["", calibrations(payload, where)] + host_speed(payload, where))
 

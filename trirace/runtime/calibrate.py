@@ -404,13 +404,16 @@ def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, 
     return statistics.median(per_byte)
 
 
-def comm_wakeups(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, steps: int = 8) -> float:
-    """Wake-ups per second of a rank's communication threads (every thread but the one that
-    computes) while the job trains: a short real run of `cfg` with one rank on each
+def comm_wakeups(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, steps: int = 8,
+                 timeout_s: float = 600) -> float:
+    """Wake-ups per second of a rank's other threads (communication: gloo's loops, the
+    launcher, the waiters; with one intra-op thread per rank, as where ranks share cores,
+    nothing else) while the job trains: a short real run of `cfg` with one rank on each
     testbed node at `link` (else on this host's loopback), each rank's median over its
     steady steps, the mean over ranks. Its bytes and messages are the job's, so it wakes as
     the job does: stop 34 measured gloo's loop waking once per 12 KB in a run and once per
-    40 KB in transfer_beside_compute's steady stream."""
+    40 KB in transfer_beside_compute's steady stream. One rank per node: a layout with
+    ranks sharing a node (2x2) wakes somewhat less (stop 34: 650-750 against 610-920 a second)."""
     from contextlib import nullcontext
 
     from .. import testbed
@@ -421,7 +424,7 @@ def comm_wakeups(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, ste
     with held as (tb, topo):
         job = cfg.model_copy(update={"steps": steps, "topology": topo, "progress": False, "metrics_out": None,
                                      "trace_out": None, "checkpoint_dir": None})
-        rows = run_local([job], rank_command=tb.rank_command if tb else None,
+        rows = run_local([job], timeout_s=timeout_s, rank_command=tb.rank_command if tb else None,
                          rank_env=tb.rank_env if tb else None)[0]
     kept = steady_steps(len(rows))
     rows = rows[kept.start:kept.stop]
@@ -516,6 +519,9 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
     if shared:  # every rank on this host's cores: what they cost each other, beside the job's wake-ups
         wake_hz = comm_wakeups(cfg, link, mtu)
         contention = cpu_contention(cfg, cfg.world_size, threads, wake_hz=wake_hz)
+        if wake_hz and min(contention.wake_hz) < 0.8 * wake_hz:  # a Python thread needs the GIL to wake
+            print(f"profile: warning: the contention probe's wakers woke {min(contention.wake_hz):.0f} times a "
+                  f"second, short of the job's {wake_hz:.0f}", file=sys.stderr)
         draws.append(layer_times(cfg))
         iteration_s = statistics.median(sum(f) + sum(b) for f, b, _ in draws)
         # a byte's cost where it matters, beside computation on saturated cores (and idle, for the record):

@@ -9,7 +9,9 @@ measures computation beside a thread waking as often (runtime/calibrate.py).
 
 Counted from Linux's /proc (voluntary context switches: a thread that blocked and was
 woken); None where there is no /proc. A thread that has exited drops out of the sum, so a
-difference of two readings is clamped at zero by its users.
+difference of two readings is clamped at zero by its users. Every thread but the engine's
+counts: where a rank has more than one intra-op thread, torch's pool is in it too. Where
+ranks share cores (the testbed, as many ranks as cores or more) each has one.
 """
 
 from __future__ import annotations
@@ -40,9 +42,11 @@ def others_wakeups(main_tid: int) -> int | None:
 
 
 class Waker:
-    """A daemon thread that sleeps and wakes `hz` times a second (on a fixed timetable, so
-    a late wake-up is not followed by a short sleep that would skip one) until `stop`:
-    stands in for a job's communication threads beside computation that is timed."""
+    """A daemon thread that blocks and wakes `hz` times a second until the `with` ends:
+    stands in for a job's communication threads beside computation that is timed. A fixed
+    timetable, so it does not drift; a whole period behind (the cores are busy), it starts
+    again from now rather than waking back to back, since a wake-up that does not block
+    costs the computation nothing."""
 
     def __init__(self, hz: float):
         self.hz, self.wakeups, self._stop = hz, 0, threading.Event()
@@ -63,7 +67,11 @@ class Waker:
         while not self._stop.is_set():
             due += period
             delay = due - time.perf_counter()
-            if delay <= 0:  # behind (the cores are busy): a whole period, since a zero sleep does not block
+            if delay <= 0:
                 due, delay = time.perf_counter() + period, period
-            time.sleep(delay)
+            while delay > 0:  # one sleep per period at the rates used; a slow one checks for `stop` often
+                if self._stop.is_set():
+                    return
+                time.sleep(min(delay, 0.05))
+                delay = due - time.perf_counter()
             self.wakeups += 1
