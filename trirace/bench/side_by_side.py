@@ -19,7 +19,8 @@ from pathlib import Path
 
 from ..config import TrainConfig
 from ..errors import UsageError
-from ..plan.bounds import DRAIN_STEPS, WARMUP_STEPS, Bound, lower_bound, plan_link_bytes, steady_steps
+from ..plan.bounds import (DRAIN_STEPS, WARMUP_STEPS, Bound, lower_bound, per_rank_median, plan_link_bytes,
+                           steady_steps)
 from ..plan.job import plan_job
 from ..plan.topology import DEFAULT_INTRA, Link, Topology, parse_rate
 from ..runtime import allocator, run_local
@@ -130,9 +131,9 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
         b = bounds[s].seconds
         results.append(Result(s, base.tokens_per_step / step[s], step[s], per_round[s], b, b / step[s],
                               ref / step[s], med("exposed_p2p_s"), med("exposed_allreduce_s"), losses[s],
-                              _per_rank(rows[s], "rank_compute_cpu_s") if s in measured else None,
-                              _per_rank(rows[s], "rank_cpu_s") if s in measured else None,
-                              _per_rank(rows[s], "rank_wakeups", per_second=True) if s in measured else None))
+                              per_rank_median(rows[s], "rank_compute_cpu_s") if s in measured else None,
+                              per_rank_median(rows[s], "rank_cpu_s") if s in measured else None,
+                              per_rank_median(rows[s], "rank_wakeups", per_second=True) if s in measured else None))
     return {"config": {**base.model_dump(mode="json", exclude={"topology"}), "cluster": asdict(cluster),
                        "rounds": rounds, "warmup_steps": WARMUP_STEPS, "drain_steps": DRAIN_STEPS,
                        "lower_bound": {**asdict(reference), "binding": reference.binding,
@@ -154,16 +155,9 @@ def _link_load(cfg: TrainConfig, topo: Topology, rows: list[dict]) -> dict[tuple
     return plan_link_bytes(plan, cfg.micro_batches, cfg.activation_bytes, sent)
 
 
-def _per_rank(rows: list[dict], key: str, per_second: bool = False) -> list[float]:
-    """Each rank's median step of a per-rank figure (its compute CPU, its process's CPU),
-    or of its rate over the step."""
-    return [statistics.median(r[key][i] / (r["step_time_s"] if per_second else 1.0) for r in rows)
-            for i in range(len(rows[0][key]))]
-
-
 def _bound(cfg: TrainConfig, topo: Topology, rows: list[dict], load: dict[tuple[int, str], float]) -> Bound:
     """From one system's own per-rank compute CPU time and the links' load."""
-    return lower_bound(_per_rank(rows, "rank_compute_cpu_s"), os.cpu_count() or 1, load, topo)
+    return lower_bound(per_rank_median(rows, "rank_compute_cpu_s"), os.cpu_count() or 1, load, topo)
 
 
 def markdown(payload: dict) -> str:

@@ -12,6 +12,7 @@ than is sent is one a run can beat, which is a bug."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,13 @@ def steady_steps(steps: int) -> range:
     Short runs keep what they can: at least the last step."""
     first = min(WARMUP_STEPS, steps - 1)
     return range(first, max(first + 1, steps - DRAIN_STEPS))
+
+
+def per_rank_median(rows: list[dict], key: str, per_second: bool = False) -> list[float]:
+    """Each rank's median over metrics rows of a per-rank figure (its compute CPU, its
+    process's CPU, its wake-ups), or of that figure per second of the row's step."""
+    return [statistics.median(r[key][i] / (r["step_time_s"] if per_second else 1.0) for r in rows)
+            for i in range(len(rows[0][key]))]
 
 
 @dataclass(frozen=True)

@@ -417,7 +417,7 @@ def comm_wakeups(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, ste
     from contextlib import nullcontext
 
     from .. import testbed
-    from ..plan.bounds import steady_steps
+    from ..plan.bounds import per_rank_median, steady_steps
     from .launch import run_local
 
     held = testbed.held_job(cfg.world_size, 1, link, mtu) if link else nullcontext((None, None))
@@ -427,9 +427,7 @@ def comm_wakeups(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, ste
         rows = run_local([job], timeout_s=timeout_s, rank_command=tb.rank_command if tb else None,
                          rank_env=tb.rank_env if tb else None)[0]
     kept = steady_steps(len(rows))
-    rows = rows[kept.start:kept.stop]
-    return statistics.fmean(statistics.median(r["rank_wakeups"][i] / r["step_time_s"] for r in rows)
-                            for i in range(cfg.world_size))
+    return statistics.fmean(per_rank_median(rows[kept.start:kept.stop], "rank_wakeups", per_second=True))
 
 
 def probe_pair(across_nodes: bool, link: str | None = None, mtu: int = 9000, timeout_s: float = 120) -> dict:

@@ -244,6 +244,8 @@ class _StepMetrics:
     FIELDS = ("loss", "exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s", "transfers",
               "comm_cpu_s", "step_time_s", "embedding_bytes", "embedding_method", "early_chunks", "val_loss_sum",
               "val_count", "grad_norm", "lr", "skipped")
+    # per-rank figures: each rank fills its own slot of each (a sum of them is a gather)
+    PER_RANK = ("compute_cpu", "tied", "rss", "peak_rss", "process_cpu", "engine_cpu", "wakeups")
     METHODS = ("dense", "allgather", "alltoall")  # embedding_method is sent as 1 + its index
     LAG = 2
 
@@ -274,7 +276,7 @@ class _StepMetrics:
         self.last_end = rec.end_time
         method = self.METHODS.index(st["embedding_method"]) + 1 if st["embedding_method"] else 0
         nf, world = len(self.FIELDS), self.cfg.world_size
-        vec = torch.zeros(nf + 7 * world, dtype=torch.float64)
+        vec = torch.zeros(nf + len(self.PER_RANK) * world, dtype=torch.float64)
         vec[:nf] = torch.tensor([loss, exposed.get("p2p", 0.0), exposed.get("allreduce", 0.0),
                                  exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s,
                                  window, st["embedding_bytes"], method, st["early_chunks"], rec.val_loss_sum,
@@ -282,20 +284,18 @@ class _StepMetrics:
                                 dtype=torch.float64)
         if self.g.is_reporter:  # the same on every rank: one writes them
             vec[nf - 3:nf] = torch.tensor([rec.grad_norm, rec.lr, float(rec.skipped)], dtype=torch.float64)
-        # Slots per rank (a sum in which each rank fills its own slot is a gather).
-        vec[nf + self.g.rank] = rec.compute_cpu_s
+        mine = {"compute_cpu": rec.compute_cpu_s, "rss": _rss_mb(), "peak_rss": _peak_rss_mb()}
         if self.model.tied is not None:
-            vec[nf + world + self.g.rank] = self.model.checksum(rec.step + 1, self.model.tied)
-        vec[nf + 2 * world + self.g.rank] = _rss_mb()
-        vec[nf + 3 * world + self.g.rank] = _peak_rss_mb()
+            mine["tied"] = self.model.checksum(rec.step + 1, self.model.tied)
         cpu = (time.process_time(), time.thread_time())
-        vec[nf + 4 * world + self.g.rank] = cpu[0] - self.last_cpu[0]
-        vec[nf + 5 * world + self.g.rank] = cpu[1] - self.last_cpu[1]
+        mine["process_cpu"], mine["engine_cpu"] = cpu[0] - self.last_cpu[0], cpu[1] - self.last_cpu[1]
         self.last_cpu = cpu
         wakeups = others_wakeups(self.engine_tid)
         if wakeups is not None and self.last_wakeups is not None:
-            vec[nf + 6 * world + self.g.rank] = max(wakeups - self.last_wakeups, 0)
+            mine["wakeups"] = max(wakeups - self.last_wakeups, 0)
         self.last_wakeups = wakeups
+        for k, value in mine.items():
+            vec[nf + self.PER_RANK.index(k) * world + self.g.rank] = value
         self.pending.append((rec.step, rec.end_time, vec, self.g.control.all_reduce(vec)))
         while len(self.pending) > self.LAG:
             self._emit(*self.pending.pop(0))
@@ -309,13 +309,8 @@ class _StepMetrics:
         world = self.cfg.world_size
         v = dict(zip(self.FIELDS, vec.tolist()))
         nf = len(self.FIELDS)
-        per_rank = vec[nf:nf + world].tolist()
-        tied = vec[nf + world:nf + 2 * world].tolist()
-        rss = vec[nf + 2 * world:nf + 3 * world].tolist()
-        peak_rss = vec[nf + 3 * world:nf + 4 * world].tolist()
-        process_cpu = vec[nf + 4 * world:nf + 5 * world].tolist()
-        engine_cpu = vec[nf + 5 * world:nf + 6 * world].tolist()
-        wakeups = vec[nf + 6 * world:].tolist()
+        compute_cpu, tied, rss, peak_rss, process_cpu, engine_cpu, wakeups = (
+            vec[nf + i * world:nf + (i + 1) * world].tolist() for i in range(len(self.PER_RANK)))
         if self.comm.tuner:  # the same numbers on every rank: the same decision everywhere
             self.comm.tuner.observe(step, v["step_time_s"] / world)
         if self.report is None:
@@ -330,7 +325,7 @@ class _StepMetrics:
             row["val_perplexity"] = math.exp(min(row["val_loss"], 700.0))
         for k in ("exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s"):
             row[k] = v[k] / world  # mean per rank
-        row["rank_compute_cpu_s"] = per_rank
+        row["rank_compute_cpu_s"] = compute_cpu
         # since the rank's previous step ended: every thread of it (compute, its own
         # communication threads, gloo's), and the engine thread alone (compute, the waits'
         # bookkeeping, the data): what the simulator charges the shared cores is checked against these
