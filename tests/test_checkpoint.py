@@ -148,5 +148,6 @@ def test_torchrun_restarts_and_resumes(tmp_path):
     assert q.returncode == 0, q.stderr[-3000:]
     resumed = {r["step"]: r["loss"] for r in map(json.loads, out.read_text().splitlines())}
     whole = {r["step"]: r["loss"] for r in map(json.loads, ref.read_text().splitlines())}
+    assert sorted(whole) == list(range(5))  # the plain run under torchrun (env:// rendezvous, gloo, 4 ranks)
     assert max(resumed) == 4 and min(resumed) >= 1  # the restarted attempt began after a checkpoint
     assert all(resumed[s] == whole[s] for s in resumed)

@@ -174,13 +174,3 @@ def test_yaml_and_flags_combine(tmp_path):
         assert {"loss", "step_time_s", "tokens_per_s", "pp", "dp"} <= r.keys()
         assert r["tokens_per_s"] == pytest.approx(2 * 3 * 2 * 16 / r["step_time_s"])
     assert "final loss" in p.stdout
-
-
-def test_torchrun(tmp_path):
-    """The same command under torchrun: env:// rendezvous, gloo on CPU, 4 ranks."""
-    out = tmp_path / "m.jsonl"
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                        "-m", "trirace", "train", *QUICK, "--steps", "3", "--metrics-out", str(out)],
-                       capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert len(out.read_text().splitlines()) == 3

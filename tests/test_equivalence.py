@@ -29,7 +29,7 @@ tie_embeddings: true
 
 @pytest.fixture(scope="module")
 def runs(request, tmp_path_factory):
-    base = dict(model="gpt-test", data="synthetic", steps=10, micro_batch_size=2, seq_len=32,
+    base = dict(model="gpt-test", data="synthetic", steps=6, micro_batch_size=2, seq_len=32,
                 micro_batches=4, progress=False, balance="params", pp=2, dp=2)
     cfgs = {k: make_config(base, schedule=k) for k in ("1f1b", "gpipe", "2bw")}
     cfgs["2bw-sgd"] = make_config(base, schedule="2bw", optimizer="sgd", partition="2,5")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import statistics
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from types import SimpleNamespace
@@ -278,14 +279,24 @@ def test_calibration_round_trips_and_checks_its_shapes(tmp_path):
 
 def test_profile_measures_layers_and_loopback(tmp_path):
     out = tmp_path / "cal.json"
-    # two ranks (the testbed preset shares the cores): the contention curve has two points
-    p = cli("profile", "--model", "gpt-test", "--data", "synthetic", "--pp", "1", "--dp", "2", "--out", str(out))
+    # two ranks (the testbed preset shares the cores): the contention curve has two points;
+    # two short rounds of the probes (users get three of 4 s windows)
+    p = cli("profile", "--model", "gpt-test", "--data", "synthetic", "--pp", "1", "--dp", "2", "--out", str(out),
+            "--rounds", "2", "--probe-seconds", "0.5")
     assert p.returncode == 0, p.stderr
+    assert "round 2 of 2" in p.stderr  # it says what runs
     cal = load_calibration(out)
     assert len(cal.forward_s) == 7 and all(t > 0 for t in cal.backward_s[1:5])
     assert cal.links["intra"]["bits_per_s"] > 1e8
     assert list(cal.rows_touched.values())[0] > 0
     assert len(cal.cpu_throughput) == 2 and set(cal.transfer_cpu) == {"intra"} and cal.send_buffer == {}
+    # each figure is the median of the rounds' readings, which the file keeps
+    assert len(cal.probe_rounds) == 2
+    assert cal.cpu_throughput == pytest.approx([statistics.median(r["cpu_throughput"][k] for r in cal.probe_rounds)
+                                                for k in range(2)])
+    for name in ("per_byte_s", "per_byte_collective_s"):
+        got = [r["transfer_cpu"]["intra"][name] for r in cal.probe_rounds]
+        assert cal.transfer_cpu["intra"][name] == pytest.approx(statistics.median(got))
     # measured beside the job's wake-ups, counted in a short real run of it (gloo wakes per
     # message: hundreds a second, not a CPU figure's 0.5)
     assert not Path("/proc/self/task").is_dir() or 10 < cal.comm_wakeups_hz < 1e5
@@ -294,10 +305,17 @@ def test_profile_measures_layers_and_loopback(tmp_path):
     assert set(cal.transfer_cpu["intra"]) == {"per_message_s", "per_byte_s", "per_byte_idle_s", "per_byte_collective_s"}
     assert 0 <= cal.transfer_cpu["intra"]["per_byte_s"] < 1e-6
     assert 0 <= cal.transfer_cpu["intra"]["per_byte_collective_s"] < 1e-6
-    # compute timed at the start, between the probes and at the end; each layer the median
+    # compute timed at the start, after each round and at the end; each layer the median
     # (a sum of medians need not lie between the draws' sums, but near them)
-    assert len(cal.compute_draws_s) == 3 and min(cal.compute_draws_s) > 0
+    assert len(cal.compute_draws_s) == 4 and min(cal.compute_draws_s) > 0
     assert 0.8 * min(cal.compute_draws_s) <= cal.iteration_s <= 1.25 * max(cal.compute_draws_s)
+
+
+@pytest.mark.parametrize("flag, value", [("--rounds", "0"), ("--probe-seconds", "0"), ("--probe-seconds", "nan")])
+def test_profile_refuses_no_probes_in_one_line(tmp_path, flag, value):
+    p = cli("profile", "--model", "gpt-test", flag, value, "--out", str(tmp_path / "cal.json"))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "--rounds must be at least 1" in p.stderr and not (tmp_path / "cal.json").exists()
 
 
 def test_simulate_cli_json_has_every_policy(tmp_path):

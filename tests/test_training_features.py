@@ -72,13 +72,11 @@ def test_divergence_stops_at_the_step_and_keeps_the_checkpoint(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("trirace: step 2: non-finite"), p.stderr
     assert sorted(d.name for d in ck.iterdir()) == ["step-000000", "step-000001"]
     assert [json.loads(line)["step"] for line in out.read_text().splitlines()] == [0, 1]
-    # The checkpoint is whole: it resumes, and (holding W(1) and W(2), both already blown up
-    # by step 0's rate) it stops again at step 2; with skip, it runs to the end.
-    p = _cli("--steps", "6", "--checkpoint-dir", str(ck), "--resume", "require", "--lr", "1e30")
-    assert p.returncode == Diverged.EXIT_STATUS and "resuming from" in p.stderr and "step 2: non-finite" in p.stderr
+    # The checkpoint is whole: it resumes (holding W(1) and W(2), both already blown up by
+    # step 0's rate, so steps 2 and 3 are non-finite again) and, with skip, runs to the end.
     p = _cli("--steps", "4", "--checkpoint-dir", str(ck), "--resume", "require", "--on-nonfinite", "skip")
     assert p.returncode == 0, p.stderr[-2000:]
-    assert "2 update(s) skipped" in p.stdout
+    assert "resuming from" in p.stderr and "2 update(s) skipped" in p.stdout
 
 
 def test_skip_refuses_the_same_updates_on_every_rank():
@@ -94,7 +92,7 @@ def test_recompute_gives_the_same_losses_with_less_memory():
     """Same losses bit for bit; the peak resident memory of the first stage drops on a shape
     where activations dominate. Recompute runs first: the second job's peak starts from what
     the worker still holds of the first, so it is the larger if recompute saved nothing."""
-    shape = dict(BASE, micro_batch_size=160, seq_len=64, micro_batches=4, steps=3, partition="3,4")
+    shape = dict(BASE, micro_batch_size=160, seq_len=64, micro_batches=4, steps=2, partition="3,4")
     with_rc, without = run_local([make_config(shape, recompute=True), make_config(shape)], timeout_s=240)
     assert [r["loss"] for r in with_rc] == [r["loss"] for r in without]
     peak_rc = max(with_rc[-1]["rank_peak_rss_mb"][:2])  # ranks 0 and 1: stage 0 (dp-inner on one node)

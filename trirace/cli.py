@@ -130,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--cluster", default="testbed", help="the cluster preset this machine stands for (default: testbed)")
     prof.add_argument("--link", help="also measure an emulated inter-node link of this rate (root; e.g. 250mbit)")
     prof.add_argument("--mtu", type=int, default=9000, help="MTU of that emulated link (default: 9000)")
+    prof.add_argument("--rounds", type=int, default=3, help="where ranks share cores: read the contention and "
+                      "transfer-CPU probes this many times, spread over the profile, and keep the medians (default: 3)")
+    prof.add_argument("--probe-seconds", type=float, default=4.0, metavar="S",
+                      help="each contention window's length (default: 4)")
     _add_dry_run(prof)
     testbed = sub.add_parser("testbed", help="build or remove an emulated multi-node cluster (root)")
     tsub = testbed.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
@@ -360,6 +364,8 @@ def _profile(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown cluster {args.cluster!r}; choose from {', '.join(PRESETS)}")
     cfg = _config(args)
     preflight.output_file(args.out, "--out")
+    if args.rounds < 1 or not args.probe_seconds > 0:
+        raise UsageError("--rounds must be at least 1 and --probe-seconds above 0")
     if args.link is not None:
         from .testbed import check
 
@@ -373,7 +379,7 @@ def _profile(args: argparse.Namespace) -> int:
     print(f"profile: {cfg.model}, micro-batches of {cfg.micro_batch_size} x {cfg.tokens_seq} tokens, "
           f"as one of {cfg.world_size} ranks here{f'; links at {args.link}' if args.link else ''}",
           file=sys.stderr, flush=True)
-    cal = profile(cfg, args.cluster, args.link, args.mtu)
+    cal = profile(cfg, args.cluster, args.link, args.mtu, rounds=args.rounds, probe_s=args.probe_seconds)
     cal.save(args.out)
     fwd, bwd = sum(cal.forward_s), sum(cal.backward_s)
     links = "; ".join(f"{k} {v['bits_per_s'] / 1e6:.1f} Mbit/s, {v['latency_s'] * 1e6:.0f} us"
@@ -384,7 +390,7 @@ def _profile(args: argparse.Namespace) -> int:
                           + (f" ({v['per_byte_collective_s'] * 1e9:.2f} in all-reduces)" if "per_byte_collective_s" in v else "")
                           for k, v in cal.transfer_cpu.items())
         shared = (f"; shared cores do {' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} x one rank's work with "
-                  f"1..{len(cal.cpu_throughput)} ranks computing"
+                  f"1..{len(cal.cpu_throughput)} ranks computing (the medians of {len(cal.probe_rounds)} rounds)"
                   + (f" beside {cal.comm_wakeups_hz:.0f} wake-ups/s each (a rank's other threads', in the job)"
                      if cal.comm_wakeups_hz else "") + ", an iteration's time varying by "
                   f"{' '.join(f'{x:.0%}' for x in cal.compute_spread)}; transfer CPU {costs}")

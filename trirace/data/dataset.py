@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import struct
@@ -100,10 +101,13 @@ def _encode(files: list[Path], vocab_size: int, cache_dir: Path, tokenizer: Path
     return torch.cat(parts)
 
 
+@functools.lru_cache(maxsize=2)
 def synthetic_stream(vocab_size: int, num_tokens: int = SYNTHETIC_TOKENS) -> TokenStream:
     """I.i.d. Zipf-distributed ids: no files needed, and like real text a batch
     touches few embedding rows, so sparse-gradient paths see realistic load.
-    Frequent tokens get low ids, as BPE orders its merges by frequency."""
+    Frequent tokens get low ids, as BPE orders its merges by frequency. Kept for the
+    process's next job (a worker runs many: 0.1 s each and rank, and 8 MiB), so the
+    stream is shared and nothing may write to its ids (nothing does: batches index them)."""
     first = PAD_ID + 1  # special ids never occur as ordinary tokens
     if vocab_size <= first:
         raise ConfigError(f"vocab_size must be greater than {first}, got {vocab_size}")

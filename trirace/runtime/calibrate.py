@@ -495,45 +495,79 @@ def link_share(link: str, nbytes: int, mtu: int = 9000, reps: int = 21, timeout_
         return float(json.loads(out.read_text()))
 
 
+def _median_curve(curves: list[list[float]]) -> list[float]:
+    """Each point's median over the readings (every reading has the same points)."""
+    return [statistics.median(c[i] for c in curves) for i in range(len(curves[0]))]
+
+
 def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None, mtu: int = 9000,
-            intra: bool = True) -> Calibration:
+            intra: bool = True, rounds: int = 3, probe_s: float = 4.0) -> Calibration:
+    """Measure what the simulator needs (the module's docstring). Where ranks share cores,
+    the contention curve and the per-byte transfer costs are read `rounds` times, spread
+    over the calibration between compute draws, and each figure is the median: stop 34
+    saw four ranks' throughput read 1.70 at one calibration and 1.34-1.50 in the minutes
+    after it, and the per-byte probe swing up to 3x between hours, so one reading could
+    decide a rate's predictions. `probe_s`: each contention window's seconds."""
     from ..sim.cluster import PRESETS
 
+    if rounds < 1 or not probe_s > 0:
+        raise UsageError("profile needs at least one round of probes, each window longer than 0 s")
     threads = max(1, (os.cpu_count() or 1) // cfg.world_size)  # as runtime/worker.py gives each rank
     torch.set_num_threads(threads)
     allocator.use()  # as the ranks allocate, here and in the probes' processes
+
+    def say(what: str) -> None:  # minutes of probes: say what runs
+        print(f"profile: {what}", file=sys.stderr, flush=True)
+
     # The host's speed drifts over minutes (one draw of stop 30's matrix came 7% under the
     # others at its rate, and all its predictions 8-13% under), so compute is timed at
-    # the start, between the probes and at the end: each layer's median over the draws.
+    # the start, between the probes' rounds and at the end: each layer's median over the draws.
+    say("timing the layers")
     draws = [layer_times(cfg)]
     probes = {}
     if intra:
+        say("probing loopback")
         probes["intra"] = probe_pair(False)
     if link is not None:
+        say(f"probing a {link} link")
         probes["inter"] = probe_pair(True, link, mtu)
     links = {k: {"bits_per_s": v["bits_per_s"], "latency_s": v["latency_s"]} for k, v in probes.items()}
     shared = PRESETS[cluster].shared_cores if cluster in PRESETS else None
-    contention, cost, wake_hz = Contention([], []), {}, 0.0
+    contention, cost, wake_hz, record = Contention([], []), {}, 0.0, []
     if shared:  # every rank on this host's cores: what they cost each other, beside the job's wake-ups
+        say("counting the job's wake-ups in a short run")
         wake_hz = comm_wakeups(cfg, link, mtu)
-        contention = cpu_contention(cfg, cfg.world_size, threads, wake_hz=wake_hz)
-        if wake_hz and min(contention.wake_hz) < 0.8 * wake_hz:  # a Python thread needs the GIL to wake
-            print(f"profile: warning: the contention probe's wakers woke {min(contention.wake_hz):.0f} times a "
-                  f"second, short of the job's {wake_hz:.0f}", file=sys.stderr)
-        draws.append(layer_times(cfg))
-        iteration_s = statistics.median(sum(f) + sum(b) for f, b, _ in draws)
         # a byte's cost where it matters, beside computation on saturated cores (and idle, for the record):
         # as P2P messages, and as the replicas' all-reduce chunks
         rates = {k: min(v["bits_per_s"] / 8, 64 * 2**20) for k, v in probes.items()}
+        readings, record = [], []  # per round: the contention curve; everything read, for the file
+        for r in range(rounds):
+            say(f"round {r + 1} of {rounds}: {cfg.world_size} ranks' contention, transfer CPU")
+            readings.append(cpu_contention(cfg, cfg.world_size, threads, seconds=probe_s, wake_hz=wake_hz))
+            draws.append(layer_times(cfg))
+            iteration_s = statistics.median(sum(f) + sum(b) for f, b, _ in draws)
+            per_byte = {}
+            for k, v in probes.items():
+                beside = partial(transfer_beside_compute, cfg, threads, iteration_s, v["cpu_per_message_s"],
+                                 link if k == "inter" else None, rates[k], mtu, rounds=1, wake_hz=wake_hz)
+                per_byte[k] = {"per_byte_s": beside()}
+                if cfg.dp > 1:
+                    per_byte[k]["per_byte_collective_s"] = beside(collective=True)
+            record.append({"cpu_throughput": readings[-1].throughput, "compute_spread": readings[-1].spread,
+                           "transfer_cpu": per_byte})
+        contention = Contention(_median_curve([c.throughput for c in readings]),
+                                _median_curve([c.spread for c in readings]),
+                                [min(c.wake_hz[i] for c in readings) for i in range(cfg.world_size)])
+        if wake_hz and min(contention.wake_hz) < 0.8 * wake_hz:  # a Python thread needs the GIL to wake
+            print(f"profile: warning: the contention probe's wakers woke {min(contention.wake_hz):.0f} times a "
+                  f"second, short of the job's {wake_hz:.0f}", file=sys.stderr)
         for k, v in probes.items():
-            beside = partial(transfer_beside_compute, cfg, threads, iteration_s, v["cpu_per_message_s"],
-                             link if k == "inter" else None, rates[k], mtu, wake_hz=wake_hz)
             cost[k] = {"per_message_s": v["cpu_per_message_s"], "per_byte_idle_s": v["cpu_per_byte_s"],
-                       "per_byte_s": beside()}
-            if cfg.dp > 1:
-                cost[k]["per_byte_collective_s"] = beside(collective=True)
+                       **{name: statistics.median(rec["transfer_cpu"][k][name] for rec in record)
+                          for name in record[0]["transfer_cpu"][k]}}
     share = {}
     if shared and link is not None:  # activations leaving one emulated node together
+        say("two activations sharing an uplink")
         share = {"inter": link_share(link, cfg.activation_bytes, mtu)}
     draws.append(layer_times(cfg))
     fwd, bwd = ([statistics.median(d[j][i] for d in draws) for i in range(len(draws[0][j]))] for j in (0, 1))
@@ -543,4 +577,4 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
                        cpu_throughput=contention.throughput, compute_spread=contention.spread, transfer_cpu=cost,
                        send_buffer={k: v["send_buffer_bytes"] for k, v in probes.items() if "send_buffer_bytes" in v},
                        link_share=share, compute_draws_s=[sum(f) + sum(b) for f, b, _ in draws],
-                       comm_wakeups_hz=wake_hz)
+                       comm_wakeups_hz=wake_hz, probe_rounds=record)

@@ -35,6 +35,9 @@ JSON, so it can be read, diffed and edited:
                                      short run of the job; cpu_throughput and transfer_cpu's
                                      per_byte_s were measured beside a thread waking as often
                                      in each process (0: without one; older files)
+  probe_rounds                       each round of those probes, spread over the profile
+                                     ({"cpu_throughput", "compute_spread", "transfer_cpu"}):
+                                     the figures above are their medians; for the record
   host                               where it ran
 """
 
@@ -45,6 +48,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -74,6 +78,7 @@ class Calibration:
     link_share: dict[str, float] = field(default_factory=dict)  # empty: links shared fairly
     compute_draws_s: list[float] = field(default_factory=list)
     comm_wakeups_hz: float = 0.0
+    probe_rounds: list[dict[str, Any]] = field(default_factory=list)
     host: str = ""
     version: int = VERSION
 
