@@ -141,8 +141,9 @@ def test_real_stream_ids_and_cache(stream: TokenStream, small_files: list[Path],
 
 def test_synthetic_stream_is_deterministic_sparse_and_in_range() -> None:
     vocab = 16384
-    a, b = load_tokens("synthetic", vocab), synthetic_stream(vocab)
+    a, b = load_tokens("synthetic", vocab), synthetic_stream.__wrapped__(vocab)  # made anew, not the kept one
     assert torch.equal(a.ids, b.ids) and a.vocab_size == vocab
+    assert load_tokens("synthetic", vocab) is a  # kept for the process's next job
     assert int(a.ids.min()) > 2 and int(a.ids.max()) < vocab  # no special ids
     x, y = BatchSampler(a, 128, 4, seed=0).micro_batch(0, 0)
     distinct = torch.cat([x, y]).unique().numel()

@@ -311,11 +311,12 @@ def test_profile_measures_layers_and_loopback(tmp_path):
     assert 0.8 * min(cal.compute_draws_s) <= cal.iteration_s <= 1.25 * max(cal.compute_draws_s)
 
 
-@pytest.mark.parametrize("flag, value", [("--rounds", "0"), ("--probe-seconds", "0"), ("--probe-seconds", "nan")])
-def test_profile_refuses_no_probes_in_one_line(tmp_path, flag, value):
+@pytest.mark.parametrize("flag, value", [("--rounds", "0"), ("--probe-seconds", "0"), ("--probe-seconds", "nan"),
+                                         ("--probe-seconds", "inf")])
+def test_profile_refuses_bad_probe_settings_in_one_line(tmp_path, flag, value):
     p = cli("profile", "--model", "gpt-test", flag, value, "--out", str(tmp_path / "cal.json"))
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    assert "--rounds must be at least 1" in p.stderr and not (tmp_path / "cal.json").exists()
+    assert f"{flag} must be" in p.stderr and not (tmp_path / "cal.json").exists()
 
 
 def test_simulate_cli_json_has_every_policy(tmp_path):

@@ -364,8 +364,10 @@ def _profile(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown cluster {args.cluster!r}; choose from {', '.join(PRESETS)}")
     cfg = _config(args)
     preflight.output_file(args.out, "--out")
-    if args.rounds < 1 or not args.probe_seconds > 0:
-        raise UsageError("--rounds must be at least 1 and --probe-seconds above 0")
+    if args.rounds < 1:
+        raise UsageError("--rounds must be at least 1")
+    if not 0 < args.probe_seconds <= 60:  # (NaN too)
+        raise UsageError("--probe-seconds must be above 0 and at most 60")
     if args.link is not None:
         from .testbed import check
 
@@ -390,7 +392,7 @@ def _profile(args: argparse.Namespace) -> int:
                           + (f" ({v['per_byte_collective_s'] * 1e9:.2f} in all-reduces)" if "per_byte_collective_s" in v else "")
                           for k, v in cal.transfer_cpu.items())
         shared = (f"; shared cores do {' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} x one rank's work with "
-                  f"1..{len(cal.cpu_throughput)} ranks computing (the medians of {len(cal.probe_rounds)} rounds)"
+                  f"1..{len(cal.cpu_throughput)} ranks computing (the median of {len(cal.probe_rounds)} round(s))"
                   + (f" beside {cal.comm_wakeups_hz:.0f} wake-ups/s each (a rank's other threads', in the job)"
                      if cal.comm_wakeups_hz else "") + ", an iteration's time varying by "
                   f"{' '.join(f'{x:.0%}' for x in cal.compute_spread)}; transfer CPU {costs}")

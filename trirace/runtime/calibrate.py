@@ -507,11 +507,14 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
     over the calibration between compute draws, and each figure is the median: stop 34
     saw four ranks' throughput read 1.70 at one calibration and 1.34-1.50 in the minutes
     after it, and the per-byte probe swing up to 3x between hours, so one reading could
-    decide a rate's predictions. `probe_s`: each contention window's seconds."""
+    decide a rate's predictions. `probe_s`: each contention window's seconds (6 s in one
+    reading before stop 35; three of 4 s now)."""
     from ..sim.cluster import PRESETS
 
-    if rounds < 1 or not probe_s > 0:
-        raise UsageError("profile needs at least one round of probes, each window longer than 0 s")
+    if rounds < 1:
+        raise UsageError("--rounds must be at least 1")
+    if not 0 < probe_s <= 60:  # (NaN too) each probe process has 300 s in all
+        raise UsageError("--probe-seconds must be above 0 and at most 60")
     threads = max(1, (os.cpu_count() or 1) // cfg.world_size)  # as runtime/worker.py gives each rank
     torch.set_num_threads(threads)
     allocator.use()  # as the ranks allocate, here and in the probes' processes
@@ -550,9 +553,12 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
             for k, v in probes.items():
                 beside = partial(transfer_beside_compute, cfg, threads, iteration_s, v["cpu_per_message_s"],
                                  link if k == "inter" else None, rates[k], mtu, rounds=1, wake_hz=wake_hz)
-                per_byte[k] = {"per_byte_s": beside()}
-                if cfg.dp > 1:
-                    per_byte[k]["per_byte_collective_s"] = beside(collective=True)
+                per_byte[k] = {}
+                for name, collective in (("per_byte_s", False), ("per_byte_collective_s", True))[:1 + (cfg.dp > 1)]:
+                    try:
+                        per_byte[k][name] = beside(collective=collective)
+                    except UsageError as e:  # a window without a whole iteration: the other rounds' stand
+                        say(f"round {r + 1}: {e}")
             record.append({"cpu_throughput": readings[-1].throughput, "compute_spread": readings[-1].spread,
                            "transfer_cpu": per_byte})
         contention = Contention(_median_curve([c.throughput for c in readings]),
@@ -562,9 +568,12 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
             print(f"profile: warning: the contention probe's wakers woke {min(contention.wake_hz):.0f} times a "
                   f"second, short of the job's {wake_hz:.0f}", file=sys.stderr)
         for k, v in probes.items():
-            cost[k] = {"per_message_s": v["cpu_per_message_s"], "per_byte_idle_s": v["cpu_per_byte_s"],
-                       **{name: statistics.median(rec["transfer_cpu"][k][name] for rec in record)
-                          for name in record[0]["transfer_cpu"][k]}}
+            cost[k] = {"per_message_s": v["cpu_per_message_s"], "per_byte_idle_s": v["cpu_per_byte_s"]}
+            for name in ("per_byte_s", "per_byte_collective_s")[:1 + (cfg.dp > 1)]:
+                got = [rec["transfer_cpu"][k][name] for rec in record if name in rec["transfer_cpu"][k]]
+                if not got:
+                    raise UsageError(f"transfer-beside-compute probe ({k}): no round held a whole iteration")
+                cost[k][name] = statistics.median(got)
     share = {}
     if shared and link is not None:  # activations leaving one emulated node together
         say("two activations sharing an uplink")

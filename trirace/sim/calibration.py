@@ -36,8 +36,10 @@ JSON, so it can be read, diffed and edited:
                                      per_byte_s were measured beside a thread waking as often
                                      in each process (0: without one; older files)
   probe_rounds                       each round of those probes, spread over the profile
-                                     ({"cpu_throughput", "compute_spread", "transfer_cpu"}):
-                                     the figures above are their medians; for the record
+                                     ({"cpu_throughput", "compute_spread", "transfer_cpu":
+                                     {link: {"per_byte_s", "per_byte_collective_s"}}}):
+                                     cpu_throughput, compute_spread and those two per-byte
+                                     figures are the rounds' medians; kept for the record
   host                               where it ran
 """
 
