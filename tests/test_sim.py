@@ -277,7 +277,7 @@ def test_calibration_round_trips_and_checks_its_shapes(tmp_path):
         simulate(cfg, load_cluster("a100-ib"), "blocking", back)
 
 
-def test_profile_measures_layers_and_loopback(tmp_path):
+def test_profile_measures_layers_and_loopback(tmp_path, capfd):
     out = tmp_path / "cal.json"
     # two ranks (the testbed preset shares the cores): the contention curve has two points;
     # two short rounds of the probes (users get three of 4 s windows)
@@ -285,6 +285,7 @@ def test_profile_measures_layers_and_loopback(tmp_path):
             "--rounds", "2", "--probe-seconds", "0.5")
     assert p.returncode == 0, p.stderr
     assert "round 2 of 2" in p.stderr  # it says what runs
+    assert "done:" not in capfd.readouterr().out  # (not the summary of its short run of the job: its workers write to fd 1)
     cal = load_calibration(out)
     assert len(cal.forward_s) == 7 and all(t > 0 for t in cal.backward_s[1:5])
     assert cal.links["intra"]["bits_per_s"] > 1e8

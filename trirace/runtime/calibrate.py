@@ -425,7 +425,7 @@ def comm_wakeups(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, ste
         job = cfg.model_copy(update={"steps": steps, "topology": topo, "progress": False, "metrics_out": None,
                                      "trace_out": None, "checkpoint_dir": None})
         rows = run_local([job], timeout_s=timeout_s, rank_command=tb.rank_command if tb else None,
-                         rank_env=tb.rank_env if tb else None)[0]
+                         rank_env=tb.rank_env if tb else None, quiet=True)[0]  # not the profile's output
     kept = steady_steps(len(rows))
     return statistics.fmean(per_rank_median(rows[kept.start:kept.stop], "rank_wakeups", per_second=True))
 

@@ -121,13 +121,14 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
 
 def run_local(cfgs: list[TrainConfig], world_size: int | None = None, timeout_s: float | None = None,
               systems: list[str] | None = None, rank_command: Callable[[int], list[str]] | None = None,
-              rank_env: Callable[[int], dict[str, str]] | None = None) -> list[list[dict]]:
+              rank_env: Callable[[int], dict[str, str]] | None = None, quiet: bool = False) -> list[list[dict]]:
     """Run several configurations one after another in one set of worker processes (one
     start-up for all of them: what tests and benchmarks want). Each config must use
     pp * dp == world_size ranks. `systems` names what runs each config ("trirace", or a
     peer such as "torch-1f1b"); `rank_command`/`rank_env` let a caller wrap a rank's
-    process (e.g. `ip netns exec NODE`) and set its environment. Returns the reporter's
-    metrics per config."""
+    process (e.g. `ip netns exec NODE`) and set its environment. `quiet`: the workers'
+    standard output (each job's summary line) is dropped; errors still reach stderr.
+    Returns the reporter's metrics per config."""
     world_size = world_size or cfgs[0].world_size
     for c in cfgs:
         if c.world_size != world_size:
@@ -148,7 +149,7 @@ def run_local(cfgs: list[TrainConfig], world_size: int | None = None, timeout_s:
                        str(jobs), str(r), str(world_size), str(Path(tmp) / "store"), tmp]
                 env = {**os.environ, **(rank_env(r) if rank_env else {}),
                        "TRIRACE_PROGRESS_FILE": str(Path(tmp) / f"progress-{r}")}
-                procs.append(subprocess.Popen(cmd, env=env))
+                procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL if quiet else None))
             _supervise(procs, timeout_s, Path(tmp))
         finally:
             _stop(procs)
