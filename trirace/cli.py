@@ -357,17 +357,14 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from .runtime.calibrate import profile
+    from .runtime.calibrate import check_probe_settings, profile
     from .sim.cluster import PRESETS
 
     if args.cluster not in PRESETS:
         raise UsageError(f"unknown cluster {args.cluster!r}; choose from {', '.join(PRESETS)}")
     cfg = _config(args)
     preflight.output_file(args.out, "--out")
-    if args.rounds < 1:
-        raise UsageError("--rounds must be at least 1")
-    if not 0 < args.probe_seconds <= 60:  # (NaN too)
-        raise UsageError("--probe-seconds must be above 0 and at most 60")
+    check_probe_settings(args.rounds, args.probe_seconds)
     if args.link is not None:
         from .testbed import check
 

@@ -495,6 +495,14 @@ def link_share(link: str, nbytes: int, mtu: int = 9000, reps: int = 21, timeout_
         return float(json.loads(out.read_text()))
 
 
+def check_probe_settings(rounds: int, probe_s: float) -> None:
+    """profile's rounds and window length, refused in one line (the CLI asks before it starts)."""
+    if rounds < 1:
+        raise UsageError("--rounds must be at least 1")
+    if not 0 < probe_s <= 60:  # (NaN too) each probe process has 300 s in all
+        raise UsageError("--probe-seconds must be above 0 and at most 60")
+
+
 def _median_curve(curves: list[list[float]]) -> list[float]:
     """Each point's median over the readings (every reading has the same points)."""
     return [statistics.median(c[i] for c in curves) for i in range(len(curves[0]))]
@@ -511,10 +519,7 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
     reading before stop 35; three of 4 s now)."""
     from ..sim.cluster import PRESETS
 
-    if rounds < 1:
-        raise UsageError("--rounds must be at least 1")
-    if not 0 < probe_s <= 60:  # (NaN too) each probe process has 300 s in all
-        raise UsageError("--probe-seconds must be above 0 and at most 60")
+    check_probe_settings(rounds, probe_s)
     threads = max(1, (os.cpu_count() or 1) // cfg.world_size)  # as runtime/worker.py gives each rank
     torch.set_num_threads(threads)
     allocator.use()  # as the ranks allocate, here and in the probes' processes
@@ -543,7 +548,8 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         # a byte's cost where it matters, beside computation on saturated cores (and idle, for the record):
         # as P2P messages, and as the replicas' all-reduce chunks
         rates = {k: min(v["bits_per_s"] / 8, 64 * 2**20) for k, v in probes.items()}
-        readings, record = [], []  # per round: the contention curve; everything read, for the file
+        per_byte_kinds = (("per_byte_s", False), ("per_byte_collective_s", True))[:1 + (cfg.dp > 1)]
+        readings = []  # per round: the contention curve (`record`: everything read, for the file)
         for r in range(rounds):
             say(f"round {r + 1} of {rounds}: {cfg.world_size} ranks' contention, transfer CPU")
             readings.append(cpu_contention(cfg, cfg.world_size, threads, seconds=probe_s, wake_hz=wake_hz))
@@ -554,7 +560,7 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
                 beside = partial(transfer_beside_compute, cfg, threads, iteration_s, v["cpu_per_message_s"],
                                  link if k == "inter" else None, rates[k], mtu, rounds=1, wake_hz=wake_hz)
                 per_byte[k] = {}
-                for name, collective in (("per_byte_s", False), ("per_byte_collective_s", True))[:1 + (cfg.dp > 1)]:
+                for name, collective in per_byte_kinds:
                     try:
                         per_byte[k][name] = beside(collective=collective)
                     except UsageError as e:  # a window without a whole iteration: the other rounds' stand
@@ -565,11 +571,11 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
                                 _median_curve([c.spread for c in readings]),
                                 [min(c.wake_hz[i] for c in readings) for i in range(cfg.world_size)])
         if wake_hz and min(contention.wake_hz) < 0.8 * wake_hz:  # a Python thread needs the GIL to wake
-            print(f"profile: warning: the contention probe's wakers woke {min(contention.wake_hz):.0f} times a "
-                  f"second, short of the job's {wake_hz:.0f}", file=sys.stderr)
+            say(f"warning: the contention probe's wakers woke {min(contention.wake_hz):.0f} times a second, "
+                f"short of the job's {wake_hz:.0f}")
         for k, v in probes.items():
             cost[k] = {"per_message_s": v["cpu_per_message_s"], "per_byte_idle_s": v["cpu_per_byte_s"]}
-            for name in ("per_byte_s", "per_byte_collective_s")[:1 + (cfg.dp > 1)]:
+            for name, _ in per_byte_kinds:
                 got = [rec["transfer_cpu"][k][name] for rec in record if name in rec["transfer_cpu"][k]]
                 if not got:
                     raise UsageError(f"transfer-beside-compute probe ({k}): no round held a whole iteration")
