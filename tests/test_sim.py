@@ -290,6 +290,7 @@ def test_profile_measures_layers_and_loopback(tmp_path, capfd):
     assert len(cal.forward_s) == 7 and all(t > 0 for t in cal.backward_s[1:5])
     assert cal.links["intra"]["bits_per_s"] > 1e8
     assert list(cal.rows_touched.values())[0] > 0
+    assert 0 < cal.sparse_local_s < 0.5  # the replicas' exchange of the token table: its passes over it
     assert len(cal.cpu_throughput) == 2 and set(cal.transfer_cpu) == {"intra"} and cal.send_buffer == {}
     # each figure is the median of the rounds' readings, which the file keeps
     assert len(cal.probe_rounds) == 2

@@ -125,22 +125,27 @@ def test_calibration_without_host_figures_still_loads_and_bad_ones_are_refused(t
     cal = Calibration("gpt-test", 2, 64, 1, [0.1] * 7, [0.2] * 7, 1e-9, "testbed")
     cal.save(tmp_path / "c.json")
     data = json.loads((tmp_path / "c.json").read_text())
-    del data["cpu_throughput"], data["transfer_cpu"], data["link_share"]  # a file from before they existed
+    del data["cpu_throughput"], data["transfer_cpu"], data["link_share"], data["sparse_local_s"]  # before they existed
     (tmp_path / "old.json").write_text(json.dumps(data))
-    assert load_calibration(tmp_path / "old.json").cpu_throughput == []
+    old = load_calibration(tmp_path / "old.json")
+    assert old.cpu_throughput == [] and old.sparse_local_s == 0.0
     data["cpu_throughput"] = [1.0, -2.0]
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(UsageError, match="cpu_throughput must be positive"):
         load_calibration(tmp_path / "bad.json")
     data["cpu_throughput"], data["compute_spread"] = [1.0, 1.8], [0.1, -0.1]
     (tmp_path / "bad.json").write_text(json.dumps(data))
-    with pytest.raises(UsageError, match="compute_spread and comm_wakeups_hz non-negative"):
+    with pytest.raises(UsageError, match="compute_spread, comm_wakeups_hz and sparse_local_s non-negative"):
         load_calibration(tmp_path / "bad.json")
     data["compute_spread"], data["comm_wakeups_hz"] = [0.1], -5.0
     (tmp_path / "bad.json").write_text(json.dumps(data))
-    with pytest.raises(UsageError, match="comm_wakeups_hz non-negative"):
+    with pytest.raises(UsageError, match="sparse_local_s non-negative"):
         load_calibration(tmp_path / "bad.json")
-    data["comm_wakeups_hz"], data["link_share"] = 0.0, {"inter": 0.3}
+    data["comm_wakeups_hz"], data["sparse_local_s"] = 0.0, float("nan")
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="sparse_local_s non-negative"):
+        load_calibration(tmp_path / "bad.json")
+    data["sparse_local_s"], data["link_share"] = 0.0, {"inter": 0.3}
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(UsageError, match="link_share must be between 0.5 and 1"):
         load_calibration(tmp_path / "bad.json")
@@ -158,6 +163,29 @@ def test_measured_host_figures_slow_the_simulated_testbed():
         ideal, real = simulate(cfg, cl, policy, base), simulate(cfg, cl, policy, busy)
         assert real.iteration_time_s > ideal.iteration_time_s
         assert real.iteration_time_s >= real.lower_bound_s  # the bound assumes ideal cores
+
+
+def test_the_sparse_exchange_pays_its_passes_over_the_table_on_the_shared_cores(tmp_path):
+    cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 2, "micro_batch_size": 2, "seq_len": 64, "steps": 6,
+                       "data": "synthetic"})
+    base = Calibration("gpt-test", 2, 64, 1, [0.01] * 7, [0.02] * 7, 1e-9, "testbed",
+                       cpu_throughput=[0.95, 1.8, 1.75, 1.7],
+                       transfer_cpu={"inter": {"per_message_s": 2e-4, "per_byte_s": 1e-9}})
+    cl, local = load_cluster("testbed"), 0.05
+    spans, got = {}, {}
+    for name, cal in (("free", base), ("passes", replace(base, sparse_local_s=local))):
+        # priority: the token table's exchange goes first, on the launcher, and holds the step's chunks behind it
+        got[name] = simulate(cfg, cl, "priority", cal, trace_out=tmp_path / name / "trace.json")
+        events = json.loads((tmp_path / name / "trace.json").read_text())["traceEvents"]
+        spans[name] = [e["dur"] / 1e6 for e in events if e.get("ph") == "X" and e["name"].startswith("SP")]
+    assert spans["free"] and max(spans["free"]) < local  # gpt-test's few rows cross a 250 Mbit link in far less
+    assert len(spans["passes"]) == len(spans["free"]) and min(spans["passes"]) >= local  # at most a core each
+    # each replica's passes are CPU the shared cores give every step: their work, counted at
+    # what the busy cores gave (between the curve's 1.7 of 2 and the ideal)
+    more = got["passes"].cpu_s_per_step["transfer"] - got["free"].cpu_s_per_step["transfer"]
+    assert cfg.dp * local * (1 - 1e-9) <= more <= cfg.dp * local * 2 / 1.7 * (1 + 1e-9)
+    assert got["passes"].iteration_time_s > got["free"].iteration_time_s
+    assert got["passes"].iteration_time_s >= got["passes"].lower_bound_s
 
 
 def test_profile_measures_what_ranks_sharing_cores_cost_each_other():

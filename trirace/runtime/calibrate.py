@@ -103,6 +103,26 @@ def rows_touched(cfg: TrainConfig, steps: int = 4) -> float:
     return sum(per_step) / len(per_step)
 
 
+def sparse_local_s(cfg: TrainConfig, rows: float, reps: int = 5) -> float:
+    """Seconds one replica's sparse exchange of the token table's gradient spends on its own
+    memory (runtime/sparse_exchange.py `local_passes`: a scan of the whole [V, d] table for
+    the `rows` touched, zeroing it and adding the replicas' rows), fastest of `reps`, as
+    layers are timed. 0 without replicas (nothing is exchanged). In the 4x1 job at 100 Mbit
+    these passes took 11-35 ms of a 0.1-0.3 s exchange that the simulator had put at 0.06 s,
+    and under priority the exchange goes first and holds the step's chunks behind it."""
+    from .sparse_exchange import local_passes
+
+    if cfg.dp < 2:
+        return 0.0
+    spec = cfg.spec
+    k = min(max(int(round(rows)), 1), spec.vocab_size)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    grad = torch.zeros(spec.vocab_size, spec.d_model)
+    grad[torch.randperm(spec.vocab_size, generator=gen)[:k]] = torch.randn(k, spec.d_model, generator=gen)
+    out = torch.empty_like(grad)
+    return _best(lambda: local_passes(grad, out, cfg.dp), reps)
+
+
 def send_buffer(rank: int, bytes_per_s: float, nbytes: int = 8 << 20, reps: int = 3) -> float:
     """Bytes a blocking send of `nbytes` (more than the buffers hold) still had to move when
     it returned, from when it returned and when the receive completed: the kernel's socket
@@ -586,9 +606,11 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         share = {"inter": link_share(link, cfg.activation_bytes, mtu)}
     draws.append(layer_times(cfg))
     fwd, bwd = ([statistics.median(d[j][i] for d in draws) for i in range(len(draws[0][j]))] for j in (0, 1))
+    rows = rows_touched(cfg)
     return Calibration(cfg.model, cfg.micro_batch_size, cfg.tokens_seq, threads, fwd, bwd,
                        statistics.median(d[2] for d in draws), cluster, links,
-                       {str(cfg.tokens_per_replica_step): rows_touched(cfg)}, host=socket.gethostname(),
+                       {str(cfg.tokens_per_replica_step): rows}, host=socket.gethostname(),
+                       sparse_local_s=sparse_local_s(cfg, rows),
                        cpu_throughput=contention.throughput, compute_spread=contention.spread, transfer_cpu=cost,
                        send_buffer={k: v["send_buffer_bytes"] for k, v in probes.items() if "send_buffer_bytes" in v},
                        link_share=share, compute_draws_s=[sum(f) + sum(b) for f, b, _ in draws],

@@ -144,13 +144,26 @@ def _gather_records(idx: torch.Tensor, vals: torch.Tensor, comm: Communicator, n
 
 def _allgather(idx: torch.Tensor, vals: torch.Tensor, out: torch.Tensor, comm: Communicator, n: int) -> int:
     parts, sent = _gather_records(idx, vals, comm, n)
+    _sum_rows(out, parts)
+    return sent
+
+
+def _sum_rows(out: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     out.zero_()
     # One index_add per source rank, in rank order: indices are unique within a source (no
     # atomics race on GPUs) and every rank does the same additions in the same order, so
     # the results are bitwise identical across ranks.
     for i, v in parts:
         out.index_add_(0, i, v)
-    return sent
+
+
+def local_passes(grad: torch.Tensor, out: torch.Tensor, n: int) -> None:
+    """An exchange's work on a rank's own memory, without its collectives: find the touched
+    rows of `grad`, then zero `out` and add `n` sources' rows, as the allgather method does
+    (here all `n` are this rank's). `trirace profile` times it: on shared cores the passes
+    over a whole [V, d] table are a step's cost the bytes do not show (runtime/calibrate.py)."""
+    idx, vals = touched_rows(grad)
+    _sum_rows(out, [(idx, vals)] * n)
 
 
 def _alltoall(idx: torch.Tensor, vals: torch.Tensor, out: torch.Tensor, comm: Communicator, n: int,

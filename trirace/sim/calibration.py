@@ -40,6 +40,10 @@ JSON, so it can be read, diffed and edited:
                                      {link: {"per_byte_s", "per_byte_collective_s"}}}):
                                      cpu_throughput, compute_spread and those two per-byte
                                      figures are the rounds' medians; kept for the record
+  sparse_local_s                     seconds one replica's exchange of the token table's gradient
+                                     spends on its own memory (scanning the whole table for the
+                                     touched rows, zeroing it, adding the replicas' rows), alone,
+                                     for this model's table and rows_touched; 0: not measured
   host                               where it ran
 """
 
@@ -81,6 +85,7 @@ class Calibration:
     compute_draws_s: list[float] = field(default_factory=list)
     comm_wakeups_hz: float = 0.0
     probe_rounds: list[dict[str, Any]] = field(default_factory=list)
+    sparse_local_s: float = 0.0  # 0: not measured (older files), the exchange costs only its bytes
     host: str = ""
     version: int = VERSION
 
@@ -131,7 +136,8 @@ def load_calibration(path: str | Path) -> Calibration:
     if not all(math.isfinite(x) and 0.5 <= x <= 1 for x in cal.link_share.values()):
         raise UsageError(f"calibration file {p}: link_share must be between 0.5 and 1")
     if not all(math.isfinite(x) and x > 0 for x in cal.cpu_throughput) or \
-            not all(math.isfinite(x) and x >= 0 for x in costs + cal.compute_spread + [cal.comm_wakeups_hz]):
+            not all(math.isfinite(x) and x >= 0
+                    for x in costs + cal.compute_spread + [cal.comm_wakeups_hz, cal.sparse_local_s]):
         raise UsageError(f"calibration file {p}: cpu_throughput must be positive, transfer_cpu, "
-                         "send_buffer, compute_spread and comm_wakeups_hz non-negative")
+                         "send_buffer, compute_spread, comm_wakeups_hz and sparse_local_s non-negative")
     return cal

@@ -44,12 +44,15 @@ from .fabric import Fabric, FlowClass
 @dataclass(frozen=True)
 class Phase:
     """One step of a transfer: every copy of `cls` moves `nbytes` after `latency_s`, in
-    `messages` messages (each costs the shared cores a fixed CPU time, sim/host.py)."""
+    `messages` messages (each costs the shared cores a fixed CPU time, sim/host.py), and
+    `local_s` seconds of each copy's own work on its memory beside them (a sparse
+    exchange's passes over the table: on the shared cores only, where there are some)."""
 
     cls: FlowClass
     nbytes: float
     latency_s: float
     messages: int = 1
+    local_s: float = 0.0
 
 
 @dataclass
@@ -492,7 +495,7 @@ class Simulation:
             self.transfer(rest, done)
 
         def start():
-            cpu_s = self.fabric.cpu_seconds(first.cls, first.nbytes, first.messages)
+            cpu_s = self.fabric.cpu_seconds(first.cls, first.nbytes, first.messages, first.local_s)
             # an activation's bytes may be favoured on a link that serves the oldest first
             parts = [(first.nbytes, self.fabric.uses[first.cls], first.cls[0] == "p2p", None)] if first.nbytes > 0 else []
             if cpu_s > 0:  # the transfer's CPU work, beside its bytes, on the cores computation shares

@@ -84,8 +84,8 @@ class Fabric:
                 kinds = [self.topo.link_between(a, b) for a, b in pairs]
                 cost = (max(self.host.per_message_s.get(k, 0.0) for k in kinds),
                         max(self.host.byte_cost(k, collective=cls[0] != "p2p") for k in kinds))
+                folded[("cpu", cls)] = {cpu: float(len(pairs))}  # every copy's CPU work at once
                 if any(cost):
-                    folded[("cpu", cls)] = {cpu: float(len(pairs))}  # every copy's CPU work at once
                     self.transfer_cpu[cls] = cost
         self.uses = {cls: tuple(sorted(u.items())) for cls, u in folded.items()}
 
@@ -109,10 +109,14 @@ class Fabric:
         every = list(range(self.layout.dp))
         return [[r] for r in every] if self.unfold else [every]
 
-    def cpu_seconds(self, cls: FlowClass, nbytes: float, messages: int) -> float:
-        """CPU seconds one copy of a `cls` transfer costs the shared cores (0 where none)."""
+    def cpu_seconds(self, cls: FlowClass, nbytes: float, messages: int, local_s: float = 0.0) -> float:
+        """CPU seconds one copy of a `cls` transfer costs the shared cores, `local_s` of its
+        own work included (0 where no cores are shared: a device's passes over a table are
+        left out, at its memory bandwidth they are microseconds)."""
+        if ("cpu", cls) not in self.uses:
+            return 0.0
         per_message, per_byte = self.transfer_cpu.get(cls, (0.0, 0.0))
-        return messages * per_message + nbytes * per_byte
+        return messages * per_message + nbytes * per_byte + local_s
 
     def _seniority(self, kind: str) -> float:
         """How much the oldest P2P flow on a resource counts against another (sim/network.py):

@@ -168,7 +168,8 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
         stages.append(StageWork(fwd_s, bwd_s, bwd_params, compute.optimizer_s_per_param * sum(st.numels),
                                 list(st.numels), st.policy,
                                 _collective(st.stage, fabric, topo, st.hierarchical, method, rows, spec.vocab_size,
-                                            spec.d_model, cluster.collective_factor),
+                                            spec.d_model, cluster.collective_factor,
+                                            calibration.sparse_local_s if calibration is not None else 0.0),
                                 lambda c, h=st.hierarchical: c.kind is Kind.SPARSE or h, st.sparse_param,
                                 st.grad_elem_size))
     hier = [st.hierarchical for st in plan.stages]
@@ -242,9 +243,11 @@ def _autotuned(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Cal
 
 
 def _collective(stage: int, fabric: Fabric, topo: Topology, hierarchical: bool, method: str | None, rows: float,
-                vocab: int, dim: int, factor: Callable[[str], float] = lambda cls: 1.0):
+                vocab: int, dim: int, factor: Callable[[str], float] = lambda cls: 1.0, sparse_local_s: float = 0.0):
     """How a chunk crosses the network. `factor(link class)`: bytes a collective moves per
-    payload byte at the nominal rate, from the cluster's measured bus bandwidth."""
+    payload byte at the nominal rate, from the cluster's measured bus bandwidth.
+    `sparse_local_s`: a sparse exchange's passes over its own table (calibrated), on the
+    shared cores before its bytes, as the scan for touched rows precedes every collective."""
     n = fabric.layout.dp
     local, k = fabric.local_sizes(stage)
     a_ring = fabric.latency.get(("ring", stage), 0.0)
@@ -254,7 +257,8 @@ def _collective(stage: int, fabric: Fabric, topo: Topology, hierarchical: bool, 
     def phases(c: Chunk) -> list[Phase]:
         if c.kind is Kind.SPARSE:  # the table's rows, by the method the cost model picks
             cost = sparse_cost.breakdown(method, n, vocab, dim, math.ceil(rows))
-            return [Phase(("ring", stage), flat * cost.bytes_per_worker, cost.latency_steps * a_ring,
+            return [Phase(("ring", stage), 0.0, 0.0, 0, sparse_local_s),
+                    Phase(("ring", stage), flat * cost.bytes_per_worker, cost.latency_steps * a_ring,
                           cost.latency_steps)]
         if not hierarchical:
             return ring(("ring", stage), n, flat * c.nbytes, a_ring)
