@@ -186,6 +186,10 @@ def test_the_sparse_exchange_pays_its_passes_over_the_table_on_the_shared_cores(
     assert cfg.dp * local * (1 - 1e-9) <= more <= cfg.dp * local * 2 / 1.7 * (1 + 1e-9)
     assert got["passes"].iteration_time_s > got["free"].iteration_time_s
     assert got["passes"].iteration_time_s >= got["passes"].lower_bound_s
+    # the dense method sums the table in place and only counts rows: it makes no such passes
+    dense = cfg.model_copy(update={"embedding_comm": "dense"})
+    assert simulate(dense, cl, "priority", base).iteration_time_s == \
+        simulate(dense, cl, "priority", replace(base, sparse_local_s=local)).iteration_time_s
 
 
 def test_profile_measures_what_ranks_sharing_cores_cost_each_other():

@@ -181,7 +181,6 @@ def test_exchange_rejects_bad_arguments_before_any_collective():
         assert idx.tolist() == [2, 7] and idx.dtype == torch.int64 and vals.shape == (2, 4)
 
 
-
 def test_the_local_passes_profile_times_are_the_allgather_methods_own():
     from trirace.runtime.calibrate import sparse_local_s
     from trirace.runtime.sparse_exchange import local_passes
@@ -189,12 +188,14 @@ def test_the_local_passes_profile_times_are_the_allgather_methods_own():
 
     g = torch.zeros(50, 8)
     g[[3, 9, 40]] = torch.randn(3, 8)
+    before = g.clone()
     out = torch.full_like(g, 7.0)  # stale values: the passes zero it first
     local_passes(g, out, 3)
-    assert torch.equal(out, 3 * g) and int(g.ne(0).any(dim=1).sum()) == 3  # n sources' rows summed, grad untouched
+    assert torch.equal(out, 3 * g) and torch.equal(g, before)  # n sources' rows summed, grad untouched
     cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 2, "data": "synthetic"})
     assert 0 < sparse_local_s(cfg, 300) < 1.0
-    assert sparse_local_s(cfg.model_copy(update={"dp": 1}), 300) == 0.0  # no replicas: nothing is exchanged
+    # measured with two replicas' rows even for a job without replicas: a sweep prices other layouts from it
+    assert 0 < sparse_local_s(cfg.model_copy(update={"dp": 1}), 300) < 1.0
 
 
 # ---------------------------------------------------------------- the pure cost model

@@ -396,6 +396,8 @@ def _profile(args: argparse.Namespace) -> int:
     if cal.link_share:
         shared += "; of two activations leaving a node together the first gets " + ", ".join(
             f"{v:.0%} of the {k} link" for k, v in cal.link_share.items())
+    if cal.sparse_local_s:
+        shared += f"; the sparse exchange's passes over the token table {cal.sparse_local_s * 1e3:.1f} ms"
     if cal.send_buffer:
         shared += "; a blocking send returns with " + ", ".join(f"{v / 2**20:.2f} MiB still to cross {k}"
                                                                 for k, v in cal.send_buffer.items())

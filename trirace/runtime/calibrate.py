@@ -13,7 +13,8 @@
   job's ranks, and the CPU seconds a transfer costs both ends, per message (on the same
   pairs as the link probe) and per byte (as the work computation beside it loses:
   transfer_beside_compute); both measured beside a thread in each process that wakes as
-  often as the job's communication threads do in a short real run (comm_wakeups).
+  often as the job's communication threads do in a short real run (comm_wakeups);
+- the sparse exchange's passes over the token table on this host (sparse_local_s).
 """
 
 from __future__ import annotations
@@ -107,20 +108,19 @@ def sparse_local_s(cfg: TrainConfig, rows: float, reps: int = 5) -> float:
     """Seconds one replica's sparse exchange of the token table's gradient spends on its own
     memory (runtime/sparse_exchange.py `local_passes`: a scan of the whole [V, d] table for
     the `rows` touched, zeroing it and adding the replicas' rows), fastest of `reps`, as
-    layers are timed. 0 without replicas (nothing is exchanged). In the 4x1 job at 100 Mbit
+    layers are timed. With at least two replicas' rows even where the profiled job has
+    none: a sweep prices other layouts from the same file. In the 4x1 job at 100 Mbit
     these passes took 11-35 ms of a 0.1-0.3 s exchange that the simulator had put at 0.06 s,
     and under priority the exchange goes first and holds the step's chunks behind it."""
     from .sparse_exchange import local_passes
 
-    if cfg.dp < 2:
-        return 0.0
     spec = cfg.spec
     k = min(max(int(round(rows)), 1), spec.vocab_size)
     gen = torch.Generator().manual_seed(cfg.seed)
     grad = torch.zeros(spec.vocab_size, spec.d_model)
     grad[torch.randperm(spec.vocab_size, generator=gen)[:k]] = torch.randn(k, spec.d_model, generator=gen)
     out = torch.empty_like(grad)
-    return _best(lambda: local_passes(grad, out, cfg.dp), reps)
+    return _best(lambda: local_passes(grad, out, max(cfg.dp, 2)), reps)
 
 
 def send_buffer(rank: int, bytes_per_s: float, nbytes: int = 8 << 20, reps: int = 3) -> float:

@@ -43,7 +43,8 @@ JSON, so it can be read, diffed and edited:
   sparse_local_s                     seconds one replica's exchange of the token table's gradient
                                      spends on its own memory (scanning the whole table for the
                                      touched rows, zeroing it, adding the replicas' rows), alone,
-                                     for this model's table and rows_touched; 0: not measured
+                                     for this model's table and rows_touched, with at least
+                                     two replicas' rows; 0: not measured (older files)
   host                               where it ran
 """
 

@@ -247,7 +247,8 @@ def _collective(stage: int, fabric: Fabric, topo: Topology, hierarchical: bool, 
     """How a chunk crosses the network. `factor(link class)`: bytes a collective moves per
     payload byte at the nominal rate, from the cluster's measured bus bandwidth.
     `sparse_local_s`: a sparse exchange's passes over its own table (calibrated), on the
-    shared cores before its bytes, as the scan for touched rows precedes every collective."""
+    shared cores. The scan for touched rows precedes its collectives and the summing follows
+    them; both are charged before the bytes, the same time on the exchange's path."""
     n = fabric.layout.dp
     local, k = fabric.local_sizes(stage)
     a_ring = fabric.latency.get(("ring", stage), 0.0)
@@ -257,7 +258,9 @@ def _collective(stage: int, fabric: Fabric, topo: Topology, hierarchical: bool, 
     def phases(c: Chunk) -> list[Phase]:
         if c.kind is Kind.SPARSE:  # the table's rows, by the method the cost model picks
             cost = sparse_cost.breakdown(method, n, vocab, dim, math.ceil(rows))
-            return [Phase(("ring", stage), 0.0, 0.0, 0, sparse_local_s),
+            # the passes measured are the sparse methods'; dense only counts rows and sums in place
+            passes = sparse_local_s if method in ("allgather", "alltoall") else 0.0
+            return [Phase(("ring", stage), 0.0, 0.0, 0, passes),
                     Phase(("ring", stage), flat * cost.bytes_per_worker, cost.latency_steps * a_ring,
                           cost.latency_steps)]
         if not hierarchical:
