@@ -259,7 +259,7 @@ def _collective(stage: int, fabric: Fabric, topo: Topology, hierarchical: bool, 
         if c.kind is Kind.SPARSE:  # the table's rows, by the method the cost model picks
             cost = sparse_cost.breakdown(method, n, vocab, dim, math.ceil(rows))
             # the passes measured are the sparse methods'; dense only counts rows and sums in place
-            passes = sparse_local_s if method in ("allgather", "alltoall") else 0.0
+            passes = 0.0 if method == "dense" else sparse_local_s
             return [Phase(("ring", stage), 0.0, 0.0, 0, passes),
                     Phase(("ring", stage), flat * cost.bytes_per_worker, cost.latency_steps * a_ring,
                           cost.latency_steps)]
