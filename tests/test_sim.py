@@ -294,6 +294,7 @@ def test_profile_measures_layers_and_loopback(tmp_path, capfd):
     assert len(cal.cpu_throughput) == 2 and set(cal.transfer_cpu) == {"intra"} and cal.send_buffer == {}
     # each figure is the median of the rounds' readings, which the file keeps
     assert len(cal.probe_rounds) == 2
+    assert [len(k) for k in cal.probe_rounds[0]["iteration_times"]] == [1, 2]  # each process's, for the record
     assert cal.cpu_throughput == pytest.approx([statistics.median(r["cpu_throughput"][k] for r in cal.probe_rounds)
                                                 for k in range(2)])
     for name in ("per_byte_s", "per_byte_collective_s"):

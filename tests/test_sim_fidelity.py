@@ -202,6 +202,8 @@ def test_profile_measures_what_ranks_sharing_cores_cost_each_other():
     assert len(curve) == 2 and 0 < curve[0] <= 1.0  # one alone: its mean against its best
     assert 0 < curve[1] <= 2.2
     assert len(got.spread) == 2 and all(0 <= cv < 1 for cv in got.spread)
+    # each process's iterations kept in order: one process alone, then two
+    assert [len(k) for k in got.times] == [1, 2] and all(t > 0 for k in got.times for p in k for t in p)
     now = compute_now(cfg, threads=1)  # the host's speed now, as the calibration measures it
     fwd, bwd, _ = layer_times(cfg)
     assert 0 < now < 10 * (sum(fwd) + sum(bwd)) + 1.0

@@ -250,6 +250,9 @@ class Contention:
     throughput: list[float]  # [k-1]: work per second, in units of one process's fastest alone
     spread: list[float]  # [k-1]: coefficient of variation of one iteration's time among them
     wake_hz: list[float] = field(default_factory=list)  # [k-1]: the wake-ups each process's waker achieved
+    # [k-1][process]: its iteration times in order, kept for the file: whether one process stays
+    # slower than the others for a whole step, or each iteration draws afresh, is in them
+    times: list[list[list[float]]] = field(default_factory=list)
 
 
 def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float = 6.0,
@@ -263,7 +266,7 @@ def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float 
     process is computing (a ready file each, then a go file). Beside each process's
     computation a thread wakes `wake_hz` times a second, as the job's communication threads
     do (comm_wakeups): each wake-up on a saturated core preempts computation."""
-    out, spread, woke = [], [], []
+    out, spread, woke, series = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="trirace-contend-") as tmp:
         job = Path(tmp) / "cfg.json"
         job.write_text(json.dumps(cfg.model_dump(mode="json")))
@@ -289,7 +292,8 @@ def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float 
             times = [t for g in got for t in g["times"]]
             spread.append(statistics.pstdev(times) / statistics.fmean(times))
             woke.append(statistics.fmean(g["wake_hz"] for g in got))
-    return Contention(out, spread, woke)
+            series.append([g["times"] for g in got])
+    return Contention(out, spread, woke, series)
 
 
 _BESIDE = r"""
@@ -586,7 +590,7 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
                     except UsageError as e:  # a window without a whole iteration: the other rounds' stand
                         say(f"round {r + 1}: {e}")
             record.append({"cpu_throughput": readings[-1].throughput, "compute_spread": readings[-1].spread,
-                           "transfer_cpu": per_byte})
+                           "iteration_times": readings[-1].times, "transfer_cpu": per_byte})
         contention = Contention(_median_curve([c.throughput for c in readings]),
                                 _median_curve([c.spread for c in readings]),
                                 [min(c.wake_hz[i] for c in readings) for i in range(cfg.world_size)])
