@@ -23,7 +23,7 @@ from trirace.models.build import layer_param_numels
 from trirace.plan import Layout, build_schedule
 from trirace.plan.bounds import steady_steps
 from trirace.plan.topology import Link, Topology
-from trirace.runtime.calibrate import compute_now, cpu_contention, layer_times, link_share, probe_pair
+from trirace.runtime.calibrate import compute_now, cpu_contention, layer_times, link_queue, link_share, probe_pair
 from trirace.sim import report
 from trirace.sim.calibration import Calibration, load_calibration
 from trirace.sim.cluster import PRESET_FILE, PRESETS, load_cluster
@@ -149,6 +149,41 @@ def test_calibration_without_host_figures_still_loads_and_bad_ones_are_refused(t
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(UsageError, match="link_share must be between 0.5 and 1"):
         load_calibration(tmp_path / "bad.json")
+    data["link_share"], data["link_queue"] = {"inter": 0.8}, {"inter": -1.0}
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="link_queue, compute_spread"):
+        load_calibration(tmp_path / "bad.json")
+
+
+def test_a_collective_message_waits_behind_what_a_busy_shaped_link_has_queued():
+    # 4 nodes, stage 0's replicas on nodes 0 and 1 (dp-inner): their all-reduce crosses
+    # node 0's uplink, which stage 0's activations to node 2 also cross, at 1e8 bytes/s
+    topo = Topology(4, 1, Link(8e10, 0.0), Link(8e8, 0.0))
+    fab = Fabric(Layout(2, 2), topo, link_queue=2e6)
+    assert fab.queue_wait(("ring", 0)) == 0.0  # an idle link: nothing ahead
+    fab.net.start("activation", 5e6, fab.uses[("p2p", 0, "fwd")], 0.0)
+    assert fab.queue_wait(("ring", 0)) == pytest.approx(0.02)  # a full queue: 2e6 bytes ahead
+    fab.net.advance(0.045)  # 0.5e6 bytes left: no more than that can be ahead
+    assert fab.queue_wait(("ring", 0)) == pytest.approx(0.005)
+    # stage 1's replicas on nodes 2 and 3: the activations arrive through their downlinks' queues
+    assert fab.queue_wait(("ring", 1)) == pytest.approx(0.005)
+    assert fab.net.finished(0.05) == ["activation"] and fab.queue_wait(("ring", 0)) == 0.0
+    assert Fabric(Layout(2, 2), topo).queue_wait(("ring", 0)) == 0.0  # no queue measured: shared at once
+
+
+def test_a_measured_link_queue_slows_collectives_and_keeps_the_bound():
+    cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 2, "micro_batch_size": 2, "seq_len": 64, "steps": 6,
+                       "data": "synthetic"})
+    # computation short beside the wire: the reductions bind
+    base = Calibration("gpt-test", 2, 64, 1, [0.0005] * 7, [0.001] * 7, 1e-9, "testbed")
+    cl = load_cluster("testbed", 4, 1, "50mbit")
+    for policy in ("fifo", "priority"):
+        free = simulate(cfg, cl, policy, base)
+        # 2 MB: more than gpt-test's 32 KiB activations, so the other chunks in flight are what waits ahead
+        queued = simulate(cfg, cl, policy, replace(base, link_queue={"inter": 2e6}))
+        assert queued.exposed_comm_s["allreduce"] > free.exposed_comm_s["allreduce"]
+        assert queued.iteration_time_s > free.iteration_time_s
+        assert queued.iteration_time_s >= queued.lower_bound_s
 
 
 def test_measured_host_figures_slow_the_simulated_testbed():
@@ -532,6 +567,13 @@ def test_profile_measures_what_a_blocking_send_leaves_in_flight():
     assert 256 << 10 < got["send_buffer_bytes"] <= 8 << 20  # returned long before the bytes arrived
     assert 40e6 < got["bits_per_s"] < 55e6
 
+
+@needs_root
+def test_profile_measures_what_a_busy_uplink_keeps_queued_ahead_of_a_collective():
+    # 100 Mbit: 0.5 ms alone, 17-22 ms beside activations when measured (stop 37); the
+    # shaper holds at most 50 ms of line rate (testbed/cluster.py) and TCP's window more
+    queued = link_queue("100mbit", 512 << 10, 12.5e6, reps=15)
+    assert 20e3 < queued < 2e6
 
 @needs_root
 def test_profile_measures_how_two_activations_share_a_shaped_uplink():

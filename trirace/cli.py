@@ -396,6 +396,9 @@ def _profile(args: argparse.Namespace) -> int:
     if cal.link_share:
         shared += "; of two activations leaving a node together the first gets " + ", ".join(
             f"{v:.0%} of the {k} link" for k, v in cal.link_share.items())
+    if cal.link_queue:
+        shared += "; a collective's message waits behind " + ", ".join(f"{v / 1024:.0f} KiB queued on a busy {k} link"
+                                                                      for k, v in cal.link_queue.items())
     if cal.sparse_local_s:
         shared += f"; the sparse exchange's passes over the token table {cal.sparse_local_s * 1e3:.1f} ms"
     if cal.send_buffer:

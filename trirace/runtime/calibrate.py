@@ -519,6 +519,67 @@ def link_share(link: str, nbytes: int, mtu: int = 9000, reps: int = 21, timeout_
         return float(json.loads(out.read_text()))
 
 
+_QUEUE = r"""
+import json, statistics, sys, threading, time, torch, torch.distributed as dist
+rank, store, out, nbytes, reps = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=4)
+bulk_group = dist.new_group([0, 1, 2, 3])  # the bulk thread's own communicator
+pair = dist.new_group([0, 1])  # nodes 0 and 1: the small all-reduces
+t, x = torch.zeros(nbytes // 4), torch.zeros(2)
+def bulk(stop):  # 0 -> 2 and 1 -> 3 back to back; the sender marks its last message, so pairs stay matched
+    while True:
+        if rank < 2:
+            t[0] = float(stop.is_set())
+            dist.send(t, rank + 2, group=bulk_group)
+        else:
+            dist.recv(t, rank - 2, group=bulk_group)
+        if t[0]:
+            return
+def small():
+    got = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        dist.all_reduce(x, group=pair)
+        got.append(time.perf_counter() - t0)
+        time.sleep(0.005)
+    return statistics.median(got)
+if rank < 2:
+    small()  # opens the pair's connections
+    idle = small()
+dist.barrier()
+stop = threading.Event()
+th = threading.Thread(target=bulk, args=(stop,))
+th.start()
+if rank < 2:
+    time.sleep(0.3)  # the bulk streams fill their queues
+    busy = small()
+    stop.set()
+th.join()
+if rank == 0:
+    json.dump({"idle_s": idle, "busy_s": busy}, open(out, "w"))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def link_queue(link: str, nbytes: int, bytes_per_s: float, mtu: int = 9000, reps: int = 30,
+               timeout_s: float = 120) -> float:
+    """Bytes a transfer keeps queued ahead of another on a testbed node's shaped uplink: the
+    small all-reduce of two nodes' row counts, timed idle and while each node sends
+    `nbytes` messages back to back to a third, as stage 0's replicas exchange while sending
+    activations. The shaper is one FIFO queue: at 100 Mbit the all-reduce took 0.5 ms idle
+    and 17-22 ms busy (stop 37), where a fluid model shares the link at once. The median of
+    `reps` each way; the difference, at `bytes_per_s`, in bytes."""
+    from .. import testbed
+
+    with testbed.held(4, 1, link, mtu) as tb, tempfile.TemporaryDirectory(prefix="trirace-queue-") as tmp:
+        store, out = Path(tmp) / "store", Path(tmp) / "queue.json"
+        _run_ranks("link queue probe", _QUEUE, 4, tb, [str(store), str(out), str(nbytes), str(reps)], out, timeout_s)
+        got = json.loads(out.read_text())
+        return max(got["busy_s"] - got["idle_s"], 0.0) * bytes_per_s
+
+
 def check_probe_settings(rounds: int, probe_s: float) -> None:
     """profile's rounds and window length, refused in one line (the CLI asks before it starts)."""
     if rounds < 1:
@@ -604,10 +665,12 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
                 if not got:
                     raise UsageError(f"transfer-beside-compute probe ({k}): no round held a whole iteration")
                 cost[k][name] = statistics.median(got)
-    share = {}
+    share, queue = {}, {}
     if shared and link is not None:  # activations leaving one emulated node together
         say("two activations sharing an uplink")
         share = {"inter": link_share(link, cfg.activation_bytes, mtu)}
+        say("a collective's messages behind activations in an uplink's queue")
+        queue = {"inter": link_queue(link, cfg.activation_bytes, probes["inter"]["bits_per_s"] / 8, mtu)}
     draws.append(layer_times(cfg))
     fwd, bwd = ([statistics.median(d[j][i] for d in draws) for i in range(len(draws[0][j]))] for j in (0, 1))
     rows = rows_touched(cfg)
@@ -617,5 +680,5 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
                        sparse_local_s=sparse_local_s(cfg, rows),
                        cpu_throughput=contention.throughput, compute_spread=contention.spread, transfer_cpu=cost,
                        send_buffer={k: v["send_buffer_bytes"] for k, v in probes.items() if "send_buffer_bytes" in v},
-                       link_share=share, compute_draws_s=[sum(f) + sum(b) for f, b, _ in draws],
+                       link_share=share, link_queue=queue, compute_draws_s=[sum(f) + sum(b) for f, b, _ in draws],
                        comm_wakeups_hz=wake_hz, probe_rounds=record)

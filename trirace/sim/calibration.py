@@ -31,6 +31,10 @@ JSON, so it can be read, diffed and edited:
   link_share                         {"inter": s}: two activations leaving a node together,
                                      the first to finish had s of the link while both moved
                                      (0.5: fair; TCP through the testbed's shaper is not)
+  link_queue                         {"inter": bytes}: what another transfer keeps queued ahead
+                                     on a node's shaped uplink: a small all-reduce's time
+                                     beside activations leaving, less its time alone, at the
+                                     link's rate (absent: the link shared at once)
   comm_wakeups_hz                    wake-ups per second of a rank's communication threads in a
                                      short run of the job; cpu_throughput and transfer_cpu's
                                      per_byte_s were measured beside a thread waking as often
@@ -83,6 +87,7 @@ class Calibration:
     transfer_cpu: dict[str, dict[str, float]] = field(default_factory=dict)
     send_buffer: dict[str, float] = field(default_factory=dict)  # empty: a send returns on delivery
     link_share: dict[str, float] = field(default_factory=dict)  # empty: links shared fairly
+    link_queue: dict[str, float] = field(default_factory=dict)  # empty: nothing waits in a link's queue
     compute_draws_s: list[float] = field(default_factory=list)
     comm_wakeups_hz: float = 0.0
     probe_rounds: list[dict[str, Any]] = field(default_factory=list)
@@ -134,11 +139,12 @@ def load_calibration(path: str | Path) -> Calibration:
         raise UsageError(f"calibration file {p}: forward_s and backward_s must be equally long, finite and "
                          "non-negative")
     costs = [v for per in cal.transfer_cpu.values() for v in per.values()] + list(cal.send_buffer.values())
+    costs += list(cal.link_queue.values())
     if not all(math.isfinite(x) and 0.5 <= x <= 1 for x in cal.link_share.values()):
         raise UsageError(f"calibration file {p}: link_share must be between 0.5 and 1")
     if not all(math.isfinite(x) and x > 0 for x in cal.cpu_throughput) or \
             not all(math.isfinite(x) and x >= 0
                     for x in costs + cal.compute_spread + [cal.comm_wakeups_hz, cal.sparse_local_s]):
         raise UsageError(f"calibration file {p}: cpu_throughput must be positive, transfer_cpu, "
-                         "send_buffer, compute_spread, comm_wakeups_hz and sparse_local_s non-negative")
+                         "send_buffer, link_queue, compute_spread, comm_wakeups_hz and sparse_local_s non-negative")
     return cal

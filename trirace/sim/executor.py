@@ -510,8 +510,11 @@ class Simulation:
                     moved()
             for amount, uses, senior, tag in parts:
                 self._flow(amount, uses, part_done, senior, tag)
-        if first.latency_s > 0:
-            self.at(self.now + first.latency_s, start)
+        # a collective's messages each wait behind what other transfers queued on a shaped link
+        # (P2P behind P2P: the measured link share, sim/network.py)
+        wait = first.latency_s + (first.messages * self.fabric.queue_wait(first.cls) if first.cls[0] != "p2p" else 0.0)
+        if wait > 0:
+            self.at(self.now + wait, start)
         else:
             start()
 

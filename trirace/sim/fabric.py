@@ -56,6 +56,10 @@ class Fabric:
     # What the first of two activations leaving a node together gets of its inter-node link
     # (measured by trirace profile; 0.5: fair). P2P flows on those links favour the oldest.
     link_share: float = 0.5
+    # Bytes another transfer keeps queued ahead on a shaped inter-node link (measured by trirace
+    # profile; 0: none). A collective's message that joins a busy link waits for them first:
+    # the shaper is one FIFO queue, where the fluid model would share the link at once.
+    link_queue: float = 0.0
     net: Network = field(default_factory=Network)
     uses: dict[FlowClass, Uses] = field(default_factory=dict)
     latency: dict[FlowClass, float] = field(default_factory=dict)
@@ -79,6 +83,7 @@ class Fabric:
             for cls, n in usage.items():
                 folded[cls][ids[sig]] = max(folded[cls].get(ids[sig], 0.0), float(n))
         self.latency = {cls: lat for cls, (_res, lat) in classes.items()}
+        self._queued = {i: self._capacity(kind) for (kind, _), i in ids.items() if kind in ("node-up", "node-down")}
         cpu = next((i for (kind, _), i in ids.items() if kind == "cpu"), None)
         if cpu is not None:  # what transfers cost the shared cores (sim/host.py)
             for cls, pairs in self._pairs_of.items():
@@ -118,6 +123,19 @@ class Fabric:
             return 0.0
         per_message, per_byte = self.transfer_cpu.get(cls, (0.0, 0.0))
         return messages * per_message + nbytes * per_byte + local_s
+
+    def queue_wait(self, cls: FlowClass) -> float:
+        """Seconds one message of a `cls` transfer starting now waits behind the bytes other
+        transfers keep queued on the inter-node links it crosses: at most `link_queue` bytes,
+        no more than they have left, drained at the link's rate (the longest wait of its links)."""
+        if self.link_queue <= 0:
+            return 0.0
+        wait = 0.0
+        for r, _ in self.uses[cls]:
+            if r in self._queued:
+                ahead = sum(f.remaining * w for f in self.net.flows.values() for rr, w in f.uses if rr == r)
+                wait = max(wait, min(ahead, self.link_queue) / self._queued[r])
+        return wait
 
     def _seniority(self, kind: str) -> float:
         """How much the oldest P2P flow on a resource counts against another (sim/network.py):

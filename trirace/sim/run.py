@@ -140,9 +140,10 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     noise = noise if unfold else None  # folded replicas would all draw the same: lockstep again
     host = HostCpu.of(cluster.shared_cores, calibration)
     share = calibration.link_share.get("inter", 0.5) if calibration is not None else 0.5
+    queue = calibration.link_queue.get("inter", 0.0) if calibration is not None else 0.0
 
     def new_fabric() -> Fabric:  # each simulated run's network holds its own flows
-        return Fabric(layout, topo, host, plan.tied, unfold=unfold, link_share=share)
+        return Fabric(layout, topo, host, plan.tied, unfold=unfold, link_share=share, link_queue=queue)
     fabric = new_fabric()
     numels_by_layer = layer_param_numels(spec)
     tokens = cfg.tokens_per_replica_step
