@@ -244,8 +244,8 @@ def calibrations(payload: dict, where: Path) -> str:
     lines = ["| calibration | forward + backward per micro-batch (s) (its timings) | work done by 1..k ranks at once "
              "(x one rank's best) | an iteration's spread with 1..k at once | inter-node transfer CPU per message "
              "(ms) / per MB beside computation (ms): sent, all-reduced | loopback's per MB: sent, all-reduced (ms) "
-             "| first of two activations' share of the uplink | the job's wake-ups per rank per second, measured "
-             "beside |", "|---|---|---|---|---|---|---|---|"]
+             "| first of two activations' share of the uplink | queued ahead on a busy uplink (KiB) "
+             "| the job's wake-ups per rank per second, measured beside |", "|---|---|---|---|---|---|---|---|---|"]
 
     def per_mb(cost: dict) -> str:
         return " ".join(f"{1e9 * cost[k]:.2f}" for k in ("per_byte_s", "per_byte_collective_s") if k in cost) or "-"
@@ -259,6 +259,7 @@ def calibrations(payload: dict, where: Path) -> str:
                      f"{1e3 * inter.get('per_message_s', 0):.2f} / {per_mb(inter)} | "
                      f"{per_mb(cal.transfer_cpu.get('intra', {}))} | "
                      + (f"{cal.link_share['inter']:.2f} |" if "inter" in cal.link_share else "- |")
+                     + (f" {cal.link_queue['inter'] / 1024:.0f} |" if "inter" in cal.link_queue else " - |")
                      + (f" {cal.comm_wakeups_hz:.0f} |" if cal.comm_wakeups_hz else " - |"))
     return "\n".join(lines)
 
