@@ -23,7 +23,8 @@ from trirace.models.build import layer_param_numels
 from trirace.plan import Layout, build_schedule
 from trirace.plan.bounds import steady_steps
 from trirace.plan.topology import Link, Topology
-from trirace.runtime.calibrate import compute_now, cpu_contention, layer_times, link_queue, link_share, probe_pair
+from trirace.runtime.calibrate import (compute_now, cpu_contention, layer_times, link_queue, link_share, plausible,
+                                      probe_pair)
 from trirace.sim import report
 from trirace.sim.calibration import Calibration, load_calibration
 from trirace.sim.cluster import PRESET_FILE, PRESETS, load_cluster
@@ -225,6 +226,12 @@ def test_the_sparse_exchange_pays_its_passes_over_the_table_on_the_shared_cores(
     dense = cfg.model_copy(update={"embedding_comm": "dense"})
     assert simulate(dense, cl, "priority", base).iteration_time_s == \
         simulate(dense, cl, "priority", replace(base, sparse_local_s=local)).iteration_time_s
+
+
+def test_a_contention_reading_past_what_the_cores_can_do_is_refused():
+    assert plausible([0.99, 1.83, 1.82, 1.68], cores=2)  # a reading of 2 cores (stop 37)
+    assert not plausible([0.95, 5.63, 5.47, 5.24], cores=2)  # the same hour, the host busy at k=1
+    assert plausible([1.0, 2.0, 2.9, 3.8], cores=4) and not plausible([1.0, 2.0, 3.6], cores=2)
 
 
 def test_profile_measures_what_ranks_sharing_cores_cost_each_other():

@@ -588,6 +588,14 @@ def check_probe_settings(rounds: int, probe_s: float) -> None:
         raise UsageError("--probe-seconds must be above 0 and at most 60")
 
 
+def plausible(throughput: list[float], cores: int, slack: float = 1.1) -> bool:
+    """Whether a contention curve could be this host's: k processes never do more than
+    min(k, cores) times one's best alone (with `slack` for one best iteration's luck). A
+    reading past it means the host was busy while the one process ran alone, which sets the
+    unit (stop 37: 5.63 with two processes on two cores, in one round of three)."""
+    return all(x <= slack * min(k, cores) for k, x in enumerate(throughput, start=1))
+
+
 def _median_curve(curves: list[list[float]]) -> list[float]:
     """Each point's median over the readings (every reading has the same points)."""
     return [statistics.median(c[i] for c in curves) for i in range(len(curves[0]))]
@@ -637,7 +645,12 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         readings = []  # per round: the contention curve (`record`: everything read, for the file)
         for r in range(rounds):
             say(f"round {r + 1} of {rounds}: {cfg.world_size} ranks' contention, transfer CPU")
-            readings.append(cpu_contention(cfg, cfg.world_size, threads, seconds=probe_s, wake_hz=wake_hz))
+            reading = cpu_contention(cfg, cfg.world_size, threads, seconds=probe_s, wake_hz=wake_hz)
+            if not plausible(reading.throughput, os.cpu_count() or 1):  # once more, then it stands
+                say(f"round {r + 1}: k ranks did more than k cores can ({' '.join(f'{x:.2f}' for x in reading.throughput)}"
+                    "): the host was busy while one rank ran alone; measuring again")
+                reading = cpu_contention(cfg, cfg.world_size, threads, seconds=probe_s, wake_hz=wake_hz)
+            readings.append(reading)
             draws.append(layer_times(cfg))
             iteration_s = statistics.median(sum(f) + sum(b) for f, b, _ in draws)
             per_byte = {}
