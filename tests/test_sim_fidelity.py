@@ -582,6 +582,7 @@ def test_profile_measures_what_a_busy_uplink_keeps_queued_ahead_of_a_collective(
     queued = link_queue("100mbit", 512 << 10, 12.5e6, reps=15)
     assert 20e3 < queued < 2e6
 
+
 @needs_root
 def test_profile_measures_how_two_activations_share_a_shaped_uplink():
     share = link_share("100mbit", 512 << 10, reps=5)  # two real gloo sends leaving one testbed node

@@ -478,6 +478,19 @@ def _run_ranks(what: str, script: str, world: int, tb, args: list[str], out: Pat
         raise UsageError(f"{what} failed (exit status {codes})")
 
 
+def _on_testbed(what: str, script: str, nodes: int, ranks_per_node: int, link: str, mtu: int, args: list,
+                timeout_s: float):
+    """Run a probe `script` as one process per rank of a testbed held for it (nodes x
+    ranks_per_node at `link`); each gets its rank, a store, the file rank 0 writes its JSON
+    result to, then `args`. Returns that result."""
+    from .. import testbed
+
+    with testbed.held(nodes, ranks_per_node, link, mtu) as tb, tempfile.TemporaryDirectory(prefix="trirace-probe-") as tmp:
+        store, out = Path(tmp) / "store", Path(tmp) / "result.json"
+        _run_ranks(what, script, nodes * ranks_per_node, tb, [str(store), str(out), *map(str, args)], out, timeout_s)
+        return json.loads(out.read_text())
+
+
 _SHARE = r"""
 import json, sys, time, torch, torch.distributed as dist
 rank, store, out, nbytes, reps = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
@@ -511,12 +524,7 @@ def link_share(link: str, nbytes: int, mtu: int = 9000, reps: int = 21, timeout_
     after the other). TCP through the shaper is not fair: the first flow to fill its queue
     keeps most of it. Gloo sends between real processes; the mean of `reps`, since the
     split is bimodal (512 KiB at 50 Mbit: mostly 0.9, a third of the time 0.55-0.68)."""
-    from .. import testbed
-
-    with testbed.held(2, 2, link, mtu) as tb, tempfile.TemporaryDirectory(prefix="trirace-share-") as tmp:
-        store, out = Path(tmp) / "store", Path(tmp) / "share.json"
-        _run_ranks("link share probe", _SHARE, 4, tb, [str(store), str(out), str(nbytes), str(reps)], out, timeout_s)
-        return float(json.loads(out.read_text()))
+    return float(_on_testbed("link share probe", _SHARE, 2, 2, link, mtu, [nbytes, reps], timeout_s))
 
 
 _QUEUE = r"""
@@ -571,13 +579,8 @@ def link_queue(link: str, nbytes: int, bytes_per_s: float, mtu: int = 9000, reps
     activations. The shaper is one FIFO queue: at 100 Mbit the all-reduce took 0.5 ms idle
     and 17-22 ms busy (stop 37), where a fluid model shares the link at once. The median of
     `reps` each way; the difference, at `bytes_per_s`, in bytes."""
-    from .. import testbed
-
-    with testbed.held(4, 1, link, mtu) as tb, tempfile.TemporaryDirectory(prefix="trirace-queue-") as tmp:
-        store, out = Path(tmp) / "store", Path(tmp) / "queue.json"
-        _run_ranks("link queue probe", _QUEUE, 4, tb, [str(store), str(out), str(nbytes), str(reps)], out, timeout_s)
-        got = json.loads(out.read_text())
-        return max(got["busy_s"] - got["idle_s"], 0.0) * bytes_per_s
+    got = _on_testbed("link queue probe", _QUEUE, 4, 1, link, mtu, [nbytes, reps], timeout_s)
+    return max(got["busy_s"] - got["idle_s"], 0.0) * bytes_per_s
 
 
 def check_probe_settings(rounds: int, probe_s: float) -> None:

@@ -490,6 +490,7 @@ class Simulation:
             self.at(self.now, done)
             return
         first, rest = phases[0], phases[1:]
+        p2p = first.cls[0] == "p2p"
 
         def moved():
             self.transfer(rest, done)
@@ -497,7 +498,7 @@ class Simulation:
         def start():
             cpu_s = self.fabric.cpu_seconds(first.cls, first.nbytes, first.messages, first.local_s)
             # an activation's bytes may be favoured on a link that serves the oldest first
-            parts = [(first.nbytes, self.fabric.uses[first.cls], first.cls[0] == "p2p", None)] if first.nbytes > 0 else []
+            parts = [(first.nbytes, self.fabric.uses[first.cls], p2p, None)] if first.nbytes > 0 else []
             if cpu_s > 0:  # the transfer's CPU work, beside its bytes, on the cores computation shares
                 parts.append((cpu_s, self.fabric.uses[("cpu", first.cls)], False, "transfer"))
             if not parts:
@@ -512,7 +513,7 @@ class Simulation:
                 self._flow(amount, uses, part_done, senior, tag)
         # a collective's messages each wait behind what other transfers queued on a shaped link
         # (P2P behind P2P: the measured link share, sim/network.py)
-        wait = first.latency_s + (first.messages * self.fabric.queue_wait(first.cls) if first.cls[0] != "p2p" else 0.0)
+        wait = first.latency_s + (0.0 if p2p else first.messages * self.fabric.queue_wait(first.cls))
         if wait > 0:
             self.at(self.now + wait, start)
         else:

@@ -44,6 +44,7 @@ from .network import Network, Uses
 # ("bcast", s), ("tie",), ("compute", s), and ("cpu", cls) for a transfer's CPU work;
 # unfolded, compute, P2P and tie classes end with the replica's index.
 FlowClass = tuple
+SHAPED = ("node-up", "node-down")  # a node's inter-node links: shaped, one FIFO queue each (the testbed's tbf)
 
 
 @dataclass
@@ -83,7 +84,7 @@ class Fabric:
             for cls, n in usage.items():
                 folded[cls][ids[sig]] = max(folded[cls].get(ids[sig], 0.0), float(n))
         self.latency = {cls: lat for cls, (_res, lat) in classes.items()}
-        self._queued = {i: self._capacity(kind) for (kind, _), i in ids.items() if kind in ("node-up", "node-down")}
+        self._queued = {i: self._capacity(kind) for (kind, _), i in ids.items() if kind in SHAPED}
         cpu = next((i for (kind, _), i in ids.items() if kind == "cpu"), None)
         if cpu is not None:  # what transfers cost the shared cores (sim/host.py)
             for cls, pairs in self._pairs_of.items():
@@ -140,7 +141,7 @@ class Fabric:
     def _seniority(self, kind: str) -> float:
         """How much the oldest P2P flow on a resource counts against another (sim/network.py):
         a share s of the link for the first of two is a weight of s / (1 - s)."""
-        if kind not in ("node-up", "node-down"):
+        if kind not in SHAPED:
             return 1.0
         share = min(max(self.link_share, 0.5), 0.95)  # past 0.95 one flow would all but stop the other
         return share / (1 - share)
@@ -148,7 +149,7 @@ class Fabric:
     def _capacity(self, kind: str) -> float:
         if kind in ("port-up", "port-down"):
             return self.topo.intra.bytes_per_s
-        if kind in ("node-up", "node-down"):
+        if kind in SHAPED:
             return self.topo.inter.bytes_per_s
         if kind == "cpu":
             return float(self.host.cores)
