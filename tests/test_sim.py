@@ -298,8 +298,15 @@ def test_profile_measures_layers_and_loopback(tmp_path, capfd):
     assert cal.cpu_throughput == pytest.approx([statistics.median(r["cpu_throughput"][k] for r in cal.probe_rounds)
                                                 for k in range(2)])
     for name in ("per_byte_s", "per_byte_collective_s"):
-        got = [r["transfer_cpu"]["intra"][name] for r in cal.probe_rounds]
-        assert cal.transfer_cpu["intra"][name] == pytest.approx(statistics.median(got))
+        # each round reads two busy windows, each between quiet ones (five kept); its figure is
+        # their median, and the calibration's the median of every round's busy windows
+        windows = []
+        for r in cal.probe_rounds:
+            seen = r["transfer_windows"]["intra"][name]
+            assert len(seen["work_per_s"]) == 5 and 1 <= len(seen["per_window"]) <= 2
+            assert r["transfer_cpu"]["intra"][name] == pytest.approx(statistics.median(seen["per_window"]))
+            windows += seen["per_window"]
+        assert cal.transfer_cpu["intra"][name] == pytest.approx(statistics.median(windows))
     # measured beside the job's wake-ups, counted in a short real run of it (gloo wakes per
     # message: hundreds a second, not a CPU figure's 0.5)
     assert not Path("/proc/self/task").is_dir() or 10 < cal.comm_wakeups_hz < 1e5
@@ -311,6 +318,7 @@ def test_profile_measures_layers_and_loopback(tmp_path, capfd):
     # compute timed at the start, after each round and at the end; each layer the median
     # (a sum of medians need not lie between the draws' sums, but near them)
     assert len(cal.compute_draws_s) == 4 and min(cal.compute_draws_s) > 0
+    assert len(cal.copy_draws_bytes_per_s) == 4 and min(cal.copy_draws_bytes_per_s) > 1e8  # memory, beside each draw
     assert 0.8 * min(cal.compute_draws_s) <= cal.iteration_s <= 1.25 * max(cal.compute_draws_s)
 
 

@@ -23,8 +23,8 @@ from trirace.models.build import layer_param_numels
 from trirace.plan import Layout, build_schedule
 from trirace.plan.bounds import steady_steps
 from trirace.plan.topology import Link, Topology
-from trirace.runtime.calibrate import (compute_now, cpu_contention, layer_times, link_queue, link_share, plausible,
-                                      probe_pair)
+from trirace.runtime.calibrate import (compute_now, cpu_contention, layer_times, link_queue, link_share,
+                                      per_byte_beside, plausible, probe_pair)
 from trirace.sim import report
 from trirace.sim.calibration import Calibration, load_calibration
 from trirace.sim.cluster import PRESET_FILE, PRESETS, load_cluster
@@ -232,6 +232,27 @@ def test_a_contention_reading_past_what_the_cores_can_do_is_refused():
     assert plausible([0.99, 1.83, 1.82, 1.68], cores=2)  # a reading of 2 cores (stop 37)
     assert not plausible([0.95, 5.63, 5.47, 5.24], cores=2)  # the same hour, the host busy at k=1
     assert plausible([1.0, 2.0, 2.9, 3.8], cores=4) and not plausible([1.0, 2.0, 3.6], cores=2)
+
+
+def _windows(work: list[list[float | None]], sent: float, messages: float) -> list[list[dict]]:
+    """Per rank: windows alternating quiet and busy, each the work done per second given."""
+    return [[{"work_per_s": w, "bytes_per_s": sent if i % 2 else 0.0, "messages_per_s": messages if i % 2 else 0.0}
+             for i, w in enumerate(r)] for r in work]
+
+
+def test_a_bytes_cost_is_read_against_the_quiet_windows_on_both_sides():
+    # two ranks, 100 MB/s each; the host speeds up steadily over the five windows (quiet
+    # 0.80 -> 0.84 -> 0.88 per rank) and each busy window loses 0.1 of work per rank
+    work = [[0.80, 0.72, 0.84, 0.76, 0.88]] * 2
+    got = per_byte_beside(_windows(work, 100e6, 0.0), per_message_s=0.0)
+    assert got == pytest.approx([1e-9, 1e-9])  # 0.2 work-s/s over 200 MB/s (against the window before alone: 0.8 ns)
+    # the messages' fixed cost comes off first: 1000 a second per rank at 50 us = 0.1 work-s/s
+    assert per_byte_beside(_windows(work, 100e6, 1000.0), per_message_s=50e-6) == pytest.approx([0.5e-9] * 2)
+    # a busy window beside a quiet one without a whole iteration is skipped; less lost than
+    # the messages' cost reads 0
+    holed = [[0.80, 0.72, None, 0.76, 0.88], [0.80, 0.72, 0.84, 0.76, 0.88]]
+    assert per_byte_beside(_windows(holed, 100e6, 0.0), 0.0) == []
+    assert per_byte_beside(_windows([[0.8, 0.8, 0.8]] * 2, 100e6, 1000.0), 50e-6) == [0.0]
 
 
 def test_profile_measures_what_ranks_sharing_cores_cost_each_other():
@@ -498,7 +519,7 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     saved, out = tmp_path / "saved", tmp_path / "again"
     saved.mkdir()
     Calibration("gpt-test", 2, 64, 1, [0.01] * 7, [0.02] * 7, 1e-9, "testbed", cpu_throughput=[0.9, 1.8],
-                compute_spread=[0.02, 0.1],
+                compute_spread=[0.02, 0.1], copy_draws_bytes_per_s=[6e9, 5e9, 7e9],
                 transfer_cpu={"inter": {"per_message_s": 2e-4, "per_byte_s": 1e-9}}).save(saved / "cal.json")
     job = {"model": "gpt-test", "pp": 2, "dp": 1, "schedule": "2bw", "micro_batches": 2, "micro_batch_size": 2,
            "seq_len": 64, "steps": 6, "partition": [4, 3], "rank_order": "dp-inner", "seed": 0, "optimizer": "adam"}
@@ -510,6 +531,7 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     payload = {"rounds": 3, "steps": 6, "cells": [{"name": "2x1 @ 100mbit", "cluster": [2, 1, "100mbit"],
                                                    "config": job, "calibration": str(saved / "cal.json"),
                                                    "measured": measured, "compute_s": [0.2, 0.25],
+                                                   "copy_bytes_per_s": [5e9, 4e9],
                                                    "contention_after": after}]}
     (saved / "accuracy.json").write_text(json.dumps(payload))
     assert sim_accuracy.main(["--resimulate", str(saved / "accuracy.json"), "--out", str(out)]) == 0
@@ -544,7 +566,8 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     assert got["trirace"]["host_compute_error"] == pytest.approx(host / 0.5 - 1)
     assert got["blocking"]["host_compute"] == pytest.approx(0.225 / 0.21)
     assert "With compute at the speed the run measured" not in md
-    assert "| 2x1 @ 100mbit | 0.210 / 0.200 / 0.250 |" in md  # the host's speed beside the calibration's
+    # the host's speed beside the calibration's, and its memory's (the calibration's draws' median)
+    assert "| 2x1 @ 100mbit | 0.210 / 0.200 / 0.250 | 6.0 / 5.0 / 4.0 |" in md
 
 
 # ------------------------------------------------------------------ a send returns before its bytes arrive

@@ -14,8 +14,8 @@ measured step times. Each row also gives the prediction with the replicas folded
 Measurements are saved as each cell finishes, so a stopped matrix keeps what it measured,
 and `--resimulate` re-predicts them after a simulator change without measuring again.
 Each cell also records the host as it was there: one micro-batch's compute before and
-after it, measured as the calibration measures it, and the shared cores' contention curve
-after it. A cell measured on a slower host than its calibration is predicted too fast
+after it, measured as the calibration measures it, its memory copying speed (as beside the
+calibration's compute draws), and the shared cores' contention curve after it. A cell measured on a slower host than its calibration is predicted too fast
 (stop 28 saw 0.80-1.18x; stop 29 found most of that in the allocator, and calibration,
 those timings and the runs now share its settings, runtime/allocator.py); a column
 predicts with the host re-measured, to tell the host's drift from the model's error.
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from ..config import make_config
 from ..runtime import allocator
-from ..runtime.calibrate import compute_now, cpu_contention, profile
+from ..runtime.calibrate import compute_now, copy_rate, cpu_contention, profile
 from ..sim.calibration import Calibration, load_calibration
 from ..sim.cluster import load_cluster
 from ..sim.run import simulate
@@ -89,14 +89,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{i + 1}/{len(cells)}] measuring {matrix.cell_name(c)} ...", file=sys.stderr, flush=True)
             # the host's speed before and after, against its calibration's (it drifts: stop 27)
             cal = load_calibration(out / calibrations[c.link])
-            before = compute_now(cfg, cal.threads)
+            before, copy_before = compute_now(cfg, cal.threads), copy_rate()
             measured = side_by_side.run(cfg, c, POLICIES, args.rounds)
-            after = compute_now(cfg, cal.threads)
+            after, copy_after = compute_now(cfg, cal.threads), copy_rate()
             # the shared cores as the cell left them, beside the calibration's wake-ups
             contention = cpu_contention(cfg, cfg.world_size, cal.threads, wake_hz=cal.comm_wakeups_hz)
             cell = {"name": matrix.cell_name(c), "cluster": [c.nodes, c.ranks_per_node, c.link],
                     "config": measured["config"], "calibration": calibrations[c.link],
-                    "compute_s": [before, after],
+                    "compute_s": [before, after], "copy_bytes_per_s": [copy_before, copy_after],
                     "contention_after": {"throughput": contention.throughput, "spread": contention.spread},
                     "measured": [{k: r[k] for k in ("system", "step_time_s", "round_steps_s", "exposed_p2p_s",
                                                       "exposed_allreduce_s", "compute_cpu_s", "cpu_s", "wakeups_hz")}
@@ -206,15 +206,24 @@ def markdown(payload: dict, where: Path) -> str:
 
 def host_speed(payload: dict, where: Path) -> list[str]:
     """One micro-batch's compute before and after each cell, against its calibration's: a
-    cell measured while the host ran slower than at calibration is predicted too fast."""
+    cell measured while the host ran slower than at calibration is predicted too fast. And
+    the host's memory copying speed the same way (files from before stop 38 lack it)."""
     cells = [c for c in payload["cells"] if "compute_s" in c]  # (files from before stop 27 lack it)
     if not cells:
         return []
-    lines = ["", "| cell | compute per micro-batch at calibration / before / after the cell (s) |", "|---|---|"]
+    copying = any("copy_bytes_per_s" in c for c in cells)
+    lines = ["", "| cell | compute per micro-batch at calibration / before / after the cell (s) |"
+             + (" memory copy at calibration (its draws' median) / before / after (GB/s) |" if copying else ""),
+             "|---|---|" + ("---|" if copying else "")]
     for c in cells:
         cal = load_calibration(where / c["calibration"])
         before, after = c["compute_s"]
-        lines.append(f"| {c['name']} | {cal.iteration_s:.3f} / {before:.3f} / {after:.3f} |")
+        row = f"| {c['name']} | {cal.iteration_s:.3f} / {before:.3f} / {after:.3f} |"
+        if copying:
+            at = f"{statistics.median(cal.copy_draws_bytes_per_s) / 1e9:.1f}" if cal.copy_draws_bytes_per_s else "-"
+            got = c.get("copy_bytes_per_s")
+            row += f" {at} / {got[0] / 1e9:.1f} / {got[1] / 1e9:.1f} |" if got else " - |"
+        lines.append(row)
     return lines
 
 

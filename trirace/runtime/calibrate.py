@@ -91,6 +91,17 @@ def compute_now(cfg: TrainConfig, threads: int) -> float:
     return sum(fwd) + sum(bwd)
 
 
+def copy_rate(nbytes: int = 64 << 20, reps: int = 5) -> float:
+    """Bytes per second this process copies a buffer far larger than the caches: the host's
+    memory bandwidth right now, fastest of `reps`. Taken beside each compute draw, and
+    before and after each sim-accuracy cell, for the record: a transfer's per-byte cost is
+    memory traffic that computation mostly is not (gpt-tiny's layers sit in cache), so a
+    host whose memory is busy would read slow per byte and steady per layer; this record
+    says whether it was."""
+    src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+    return nbytes / _best(lambda: dst.copy_(src), reps)
+
+
 def rows_touched(cfg: TrainConfig, steps: int = 4) -> float:
     """Distinct token ids in one replica's step (its m micro-batches), the largest over the
     replicas, averaged over a few steps: what the sparse exchange ships."""
@@ -302,7 +313,7 @@ from trirace.config import TrainConfig
 from trirace.runtime.calibrate import model_step
 rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 cfg = TrainConfig(**json.load(open(sys.argv[5])))
-threads, rate, seconds, rounds, span = int(sys.argv[6]), float(sys.argv[7]), float(sys.argv[8]), int(sys.argv[9]), int(sys.argv[10])
+threads, rate, seconds, busy_windows, span = int(sys.argv[6]), float(sys.argv[7]), float(sys.argv[8]), int(sys.argv[9]), int(sys.argv[10])
 nbytes, groups = int(sys.argv[11]), json.loads(sys.argv[12])  # groups: [] = a P2P ring of every rank
 torch.set_num_threads(threads)
 from trirace.runtime.wakeups import Waker
@@ -335,31 +346,31 @@ def ring(done):
     done.append(time.perf_counter())
 step()
 phases = []
-for _ in range(rounds):
-    for busy in (False, True):
-        start = torch.tensor([time.perf_counter() + 0.2], dtype=torch.float64)  # one host, one clock
-        dist.all_reduce(start, op=dist.ReduceOp.MAX)
-        start = float(start)
-        while time.perf_counter() < start:  # every rank computing before the window opens
-            step()
-        done = []
-        th = threading.Thread(target=ring, args=(done,)) if busy else None
-        if th:
-            th.start()
-        times = []
-        while True:  # the iterations wholly inside the window: until the ring ends, or `seconds`
-            t0 = time.perf_counter()
-            step()
-            t1 = time.perf_counter()
-            if not (th.is_alive() if th else t1 < start + seconds):
-                break
-            times.append(t1 - t0)
-        if th:
-            th.join()
-        window = (done[0] if th else start + seconds) - start
-        phases.append({"mean": statistics.fmean(times) if times else None, "window": window,
-                       "ops": n if busy else 0})
-        dist.barrier()
+for w in range(2 * busy_windows + 1):  # quiet, busy, quiet, ..., quiet: each busy window between two quiet ones
+    busy = w % 2 == 1
+    start = torch.tensor([time.perf_counter() + 0.2], dtype=torch.float64)  # one host, one clock
+    dist.all_reduce(start, op=dist.ReduceOp.MAX)
+    start = float(start)
+    while time.perf_counter() < start:  # every rank computing before the window opens
+        step()
+    done = []
+    th = threading.Thread(target=ring, args=(done,)) if busy else None
+    if th:
+        th.start()
+    times = []
+    while True:  # the iterations wholly inside the window: until the ring ends, or `seconds`
+        t0 = time.perf_counter()
+        step()
+        t1 = time.perf_counter()
+        if not (th.is_alive() if th else t1 < start + seconds):
+            break
+        times.append(t1 - t0)
+    if th:
+        th.join()
+    window = (done[0] if th else start + seconds) - start
+    phases.append({"mean": statistics.fmean(times) if times else None, "window": window,
+                   "ops": n if busy else 0})
+    dist.barrier()
 got = [None] * world
 dist.all_gather_object(got, phases)
 if rank == 0:
@@ -368,13 +379,43 @@ dist.destroy_process_group()
 """
 
 
+@dataclass(frozen=True)
+class Beside:
+    """What transfer_beside_compute read: the figure (CPU seconds per byte), each busy
+    window's, and the work all ranks did per second in each window (quiet, busy, ..., quiet)."""
+    per_byte_s: float
+    per_window: list[float]
+    work_per_s: list[float]
+
+
+def per_byte_beside(windows: list[list[dict]], per_message_s: float) -> list[float]:
+    """Each busy window's CPU seconds per byte: the work the ranks did per second in it, less
+    the mean of the quiet windows on either side (so a host speeding up or slowing down
+    across the three does not read as the transfer's cost), less the messages' fixed cost,
+    over the bytes sent per second. `windows[rank]` alternates quiet and busy, quiet first
+    and last, each {"work_per_s", "bytes_per_s", "messages_per_s"}; a busy window where any
+    of the three has no whole iteration (work_per_s None) is skipped. A window's lost work
+    below the messages' cost reads 0, not a negative cost."""
+    out = []
+    for b in range(1, len(windows[0]) - 1, 2):
+        around = [windows[r][i] for r in range(len(windows)) for i in (b - 1, b, b + 1)]
+        if any(w["work_per_s"] is None for w in around):
+            continue
+        quiet = sum(w[b - 1]["work_per_s"] + w[b + 1]["work_per_s"] for w in windows) / 2
+        busy = sum(w[b]["work_per_s"] for w in windows)
+        sent = sum(w[b]["bytes_per_s"] for w in windows)
+        messages = sum(w[b]["messages_per_s"] for w in windows)
+        out.append(max(quiet - busy - messages * per_message_s, 0.0) / sent)
+    return out
+
+
 COLLECTIVE_PROBE_BYTES = 4 << 20  # priority's default chunk, between trirace's (up to 8 MiB) and fifo's 25 MiB
 
 
 def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, per_message_s: float,
                             link: str | None = None, bytes_per_s: float = 64 * 2**20, mtu: int = 9000,
-                            collective: bool = False, rounds: int = 3, timeout_s: float = 300,
-                            wake_hz: float = 0.0) -> float:
+                            collective: bool = False, busy_windows: int = 2, timeout_s: float = 300,
+                            wake_hz: float = 0.0) -> Beside:
     """CPU seconds per byte sent that a transfer takes from computation beside it, where
     every rank shares this host's cores: the job's ranks all compute the model, and in
     alternate windows each also sends, paced at `bytes_per_s` (on the testbed's nodes at
@@ -383,7 +424,8 @@ def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, 
     data-parallel groups, whose bytes also pass through the summing. Work lost per second
     (the contention probe's units: one micro-batch's calibrated compute per iteration)
     over bytes sent per second, less the messages' fixed cost (`per_message_s`, measured
-    on an idle host); the median of `rounds`. On the testbed (stop 30), beside computation
+    on an idle host): `per_byte_beside` on `busy_windows` busy windows, each between two
+    quiet ones. On the testbed (stop 30), beside computation
     on saturated cores a message's byte cost 0.6-1.1 ns on loopback and 1.9-3.1 ns across
     nodes at 250-500 Mbit, 1.3-2.5x and 3-7x its idle figures, and more on slower links:
     the bytes stream through caches computation was using, and every wake-up of gloo's
@@ -398,7 +440,7 @@ def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, 
     from ..plan.layout import Layout
 
     world = cfg.world_size
-    seconds = max(0.5, 12 * iteration_s * world / (os.cpu_count() or 1))  # a dozen iterations per window
+    seconds = max(0.5, 8 * iteration_s * world / (os.cpu_count() or 1))  # eight iterations per window
     grads = 4 * sum(sum(n) for n in layer_param_numels(cfg.spec))
     # the replicas' groups; which ranks they hold does not matter, since every rank is on its
     # own node (across nodes) or all share one (loopback)
@@ -413,19 +455,16 @@ def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, 
         job.write_text(json.dumps(cfg.model_dump(mode="json")))
         _run_ranks("transfer-beside-compute probe", _BESIDE, world, tb,
                    [str(world), str(Path(tmp) / "store"), str(out), str(job), str(threads), str(bytes_per_s), str(seconds),
-                    str(rounds), str(span), str(nbytes), json.dumps(groups), str(wake_hz)], out, timeout_s)
+                    str(busy_windows), str(span), str(nbytes), json.dumps(groups), str(wake_hz)], out, timeout_s)
         got = json.loads(out.read_text())
-    per_byte = []
-    for i in range(0, 2 * rounds, 2):
-        quiet, busy = [r[i] for r in got["ranks"]], [r[i + 1] for r in got["ranks"]]
-        if any(p["mean"] is None for p in quiet + busy):
-            continue  # a window without a whole iteration in it
-        lost = sum(iteration_s / p["mean"] for p in quiet) - sum(iteration_s / p["mean"] for p in busy)
-        ops = sum(p["ops"] / p["window"] for p in busy)
-        per_byte.append(max(lost - ops * got["op_messages"] * per_message_s, 0.0) / (ops * got["op_bytes"]))
+    windows = [[{"work_per_s": iteration_s / p["mean"] if p["mean"] else None,
+                 "bytes_per_s": p["ops"] * got["op_bytes"] / p["window"],
+                 "messages_per_s": p["ops"] * got["op_messages"] / p["window"]} for p in r] for r in got["ranks"]]
+    per_byte = per_byte_beside(windows, per_message_s)
     if not per_byte:
         raise UsageError("transfer-beside-compute probe: no window held a whole iteration")
-    return statistics.median(per_byte)
+    work = [sum(w[i]["work_per_s"] or 0.0 for w in windows) for i in range(len(windows[0]))]
+    return Beside(statistics.median(per_byte), per_byte, work)
 
 
 def comm_wakeups(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, steps: int = 8,
@@ -608,10 +647,10 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
             intra: bool = True, rounds: int = 3, probe_s: float = 4.0) -> Calibration:
     """Measure what the simulator needs (the module's docstring). Where ranks share cores,
     the contention curve and the per-byte transfer costs are read `rounds` times, spread
-    over the calibration between compute draws, and each figure is the median: stop 34
-    saw four ranks' throughput read 1.70 at one calibration and 1.34-1.50 in the minutes
-    after it, and the per-byte probe swing up to 3x between hours, so one reading could
-    decide a rate's predictions. `probe_s`: each contention window's seconds (6 s in one
+    over the calibration between compute draws, and each figure is the median (the
+    per-byte ones over every round's busy windows): stop 34 saw four ranks' throughput
+    read 1.70 at one calibration and 1.34-1.50 in the minutes after it, and the per-byte
+    probe swing up to 3x between hours, so one reading could decide a rate's predictions. `probe_s`: each contention window's seconds (6 s in one
     reading before stop 35; three of 4 s now)."""
     from ..sim.cluster import PRESETS
 
@@ -627,7 +666,7 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
     # others at its rate, and all its predictions 8-13% under), so compute is timed at
     # the start, between the probes' rounds and at the end: each layer's median over the draws.
     say("timing the layers")
-    draws = [layer_times(cfg)]
+    draws, copies = [layer_times(cfg)], [copy_rate()]
     probes = {}
     if intra:
         say("probing loopback")
@@ -655,19 +694,23 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
                 reading = cpu_contention(cfg, cfg.world_size, threads, seconds=probe_s, wake_hz=wake_hz)
             readings.append(reading)
             draws.append(layer_times(cfg))
+            copies.append(copy_rate())
             iteration_s = statistics.median(sum(f) + sum(b) for f, b, _ in draws)
-            per_byte = {}
+            per_byte, seen = {}, {}
             for k, v in probes.items():
                 beside = partial(transfer_beside_compute, cfg, threads, iteration_s, v["cpu_per_message_s"],
-                                 link if k == "inter" else None, rates[k], mtu, rounds=1, wake_hz=wake_hz)
-                per_byte[k] = {}
+                                 link if k == "inter" else None, rates[k], mtu, wake_hz=wake_hz)
+                per_byte[k], seen[k] = {}, {}
                 for name, collective in per_byte_kinds:
                     try:
-                        per_byte[k][name] = beside(collective=collective)
+                        got = beside(collective=collective)
                     except UsageError as e:  # a window without a whole iteration: the other rounds' stand
                         say(f"round {r + 1}: {e}")
+                        continue
+                    per_byte[k][name] = got.per_byte_s
+                    seen[k][name] = {"per_window": got.per_window, "work_per_s": got.work_per_s}
             record.append({"cpu_throughput": readings[-1].throughput, "compute_spread": readings[-1].spread,
-                           "iteration_times": readings[-1].times, "transfer_cpu": per_byte})
+                           "iteration_times": readings[-1].times, "transfer_cpu": per_byte, "transfer_windows": seen})
         contention = Contention(_median_curve([c.throughput for c in readings]),
                                 _median_curve([c.spread for c in readings]),
                                 [min(c.wake_hz[i] for c in readings) for i in range(cfg.world_size)])
@@ -677,7 +720,9 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         for k, v in probes.items():
             cost[k] = {"per_message_s": v["cpu_per_message_s"], "per_byte_idle_s": v["cpu_per_byte_s"]}
             for name, _ in per_byte_kinds:
-                got = [rec["transfer_cpu"][k][name] for rec in record if name in rec["transfer_cpu"][k]]
+                # every round's busy windows pooled: one window reads 0.7-2.2 ns on loopback where
+                # its neighbours read 1.3 (stop 38), and a median of six outvotes two such
+                got = [x for rec in record for x in rec["transfer_windows"][k].get(name, {}).get("per_window", [])]
                 if not got:
                     raise UsageError(f"transfer-beside-compute probe ({k}): no round held a whole iteration")
                 cost[k][name] = statistics.median(got)
@@ -688,6 +733,7 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         say("a collective's messages behind activations in an uplink's queue")
         queue = {"inter": link_queue(link, cfg.activation_bytes, probes["inter"]["bits_per_s"] / 8, mtu)}
     draws.append(layer_times(cfg))
+    copies.append(copy_rate())
     fwd, bwd = ([statistics.median(d[j][i] for d in draws) for i in range(len(draws[0][j]))] for j in (0, 1))
     rows = rows_touched(cfg)
     return Calibration(cfg.model, cfg.micro_batch_size, cfg.tokens_seq, threads, fwd, bwd,
@@ -697,4 +743,4 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
                        cpu_throughput=contention.throughput, compute_spread=contention.spread, transfer_cpu=cost,
                        send_buffer={k: v["send_buffer_bytes"] for k, v in probes.items() if "send_buffer_bytes" in v},
                        link_share=share, link_queue=queue, compute_draws_s=[sum(f) + sum(b) for f, b, _ in draws],
-                       comm_wakeups_hz=wake_hz, probe_rounds=record)
+                       copy_draws_bytes_per_s=copies, comm_wakeups_hz=wake_hz, probe_rounds=record)

@@ -6,6 +6,8 @@ JSON, so it can be read, diffed and edited:
   forward_s, backward_s              per layer, one micro-batch (fastest of a few whole-model passes;
                                      the median over draws spread across the profile)
   compute_draws_s                    each draw's forward + backward, for the record (the host drifts)
+  copy_draws_bytes_per_s             beside each draw, bytes per second one process copies a
+                                     64 MiB buffer (the host's memory bandwidth), for the record
   optimizer_s_per_param              the optimizer step over the measured parameters
   cluster                            the cluster preset it describes (it applies to no other)
   links                              {"intra"|"inter": {"bits_per_s", "latency_s"}} measured
@@ -41,9 +43,13 @@ JSON, so it can be read, diffed and edited:
                                      in each process (0: without one; older files)
   probe_rounds                       each round of those probes, spread over the profile
                                      ({"cpu_throughput", "compute_spread", "transfer_cpu":
-                                     {link: {"per_byte_s", "per_byte_collective_s"}}}):
-                                     cpu_throughput, compute_spread and those two per-byte
-                                     figures are the rounds' medians; kept for the record
+                                     {link: {"per_byte_s", "per_byte_collective_s"}},
+                                     "transfer_windows": {link: {kind: {"per_window",
+                                     "work_per_s"}}}}): cpu_throughput, compute_spread and those
+                                     two per-byte figures are the rounds' medians (a round's
+                                     per-byte figure: the median of its busy windows'; the
+                                     work done per second in each window, quiet and busy,
+                                     kept); kept for the record
   sparse_local_s                     seconds one replica's exchange of the token table's gradient
                                      spends on its own memory (scanning the whole table for the
                                      touched rows, zeroing it, adding the replicas' rows), alone,
@@ -89,6 +95,7 @@ class Calibration:
     link_share: dict[str, float] = field(default_factory=dict)  # empty: links shared fairly
     link_queue: dict[str, float] = field(default_factory=dict)  # empty: nothing waits in a link's queue
     compute_draws_s: list[float] = field(default_factory=list)
+    copy_draws_bytes_per_s: list[float] = field(default_factory=list)
     comm_wakeups_hz: float = 0.0
     probe_rounds: list[dict[str, Any]] = field(default_factory=list)
     sparse_local_s: float = 0.0  # 0: not measured (older files), the exchange costs only its bytes
