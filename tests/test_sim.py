@@ -285,6 +285,7 @@ def test_profile_measures_layers_and_loopback(tmp_path, capfd):
             "--rounds", "2", "--probe-seconds", "0.5")
     assert p.returncode == 0, p.stderr
     assert "round 2 of 2" in p.stderr  # it says what runs
+    assert "GB/s beside those timings" in p.stdout  # the host's memory speed, in the summary
     assert "done:" not in capfd.readouterr().out  # (not the summary of its short run of the job: its workers write to fd 1)
     cal = load_calibration(out)
     assert len(cal.forward_s) == 7 and all(t > 0 for t in cal.backward_s[1:5])

@@ -13,6 +13,7 @@ import os
 import shutil
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +24,7 @@ from trirace.models.build import layer_param_numels
 from trirace.plan import Layout, build_schedule
 from trirace.plan.bounds import steady_steps
 from trirace.plan.topology import Link, Topology
-from trirace.runtime.calibrate import (compute_now, cpu_contention, layer_times, link_queue, link_share,
+from trirace.runtime.calibrate import (compute_now, copy_rate, cpu_contention, layer_times, link_queue, link_share,
                                       per_byte_beside, plausible, probe_pair)
 from trirace.sim import report
 from trirace.sim.calibration import Calibration, load_calibration
@@ -232,6 +233,17 @@ def test_a_contention_reading_past_what_the_cores_can_do_is_refused():
     assert plausible([0.99, 1.83, 1.82, 1.68], cores=2)  # a reading of 2 cores (stop 37)
     assert not plausible([0.95, 5.63, 5.47, 5.24], cores=2)  # the same hour, the host busy at k=1
     assert plausible([1.0, 2.0, 2.9, 3.8], cores=4) and not plausible([1.0, 2.0, 3.6], cores=2)
+
+
+def test_the_memory_speed_is_read_by_one_thread_whatever_the_callers_count():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        one = copy_rate(8 << 20)  # (torch would split a copy this large over its threads)
+        assert torch.get_num_threads() == 2  # the caller's count, back
+    finally:
+        torch.set_num_threads(before)
+    assert 1e8 < one < 1e12
 
 
 def _windows(work: list[list[float | None]], sent: float, messages: float) -> list[list[dict]]:

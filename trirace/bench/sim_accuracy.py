@@ -14,8 +14,8 @@ measured step times. Each row also gives the prediction with the replicas folded
 Measurements are saved as each cell finishes, so a stopped matrix keeps what it measured,
 and `--resimulate` re-predicts them after a simulator change without measuring again.
 Each cell also records the host as it was there: one micro-batch's compute before and
-after it, measured as the calibration measures it, its memory copying speed (as beside the
-calibration's compute draws), and the shared cores' contention curve after it. A cell measured on a slower host than its calibration is predicted too fast
+after it, measured as the calibration measures it, one thread's memory copying speed (as
+beside the calibration's compute draws), and the shared cores' contention curve after it. A cell measured on a slower host than its calibration is predicted too fast
 (stop 28 saw 0.80-1.18x; stop 29 found most of that in the allocator, and calibration,
 those timings and the runs now share its settings, runtime/allocator.py); a column
 predicts with the host re-measured, to tell the host's drift from the model's error.
@@ -213,7 +213,7 @@ def host_speed(payload: dict, where: Path) -> list[str]:
         return []
     copying = any("copy_bytes_per_s" in c for c in cells)
     lines = ["", "| cell | compute per micro-batch at calibration / before / after the cell (s) |"
-             + (" memory copy at calibration (its draws' median) / before / after (GB/s) |" if copying else ""),
+             + (" one thread's memory copy at calibration (its draws' median) / before / after (GB/s) |" if copying else ""),
              "|---|---|" + ("---|" if copying else "")]
     for c in cells:
         cal = load_calibration(where / c["calibration"])

@@ -92,14 +92,19 @@ def compute_now(cfg: TrainConfig, threads: int) -> float:
 
 
 def copy_rate(nbytes: int = 64 << 20, reps: int = 5) -> float:
-    """Bytes per second this process copies a buffer far larger than the caches: the host's
-    memory bandwidth right now, fastest of `reps`. Taken beside each compute draw, and
-    before and after each sim-accuracy cell, for the record: a transfer's per-byte cost is
-    memory traffic that computation mostly is not (gpt-tiny's layers sit in cache), so a
-    host whose memory is busy would read slow per byte and steady per layer; this record
-    says whether it was."""
-    src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
-    return nbytes / _best(lambda: dst.copy_(src), reps)
+    """Bytes per second one thread copies a buffer far larger than the caches: the host's
+    memory speed right now, fastest of `reps`. Taken beside each compute draw, and before
+    and after each sim-accuracy cell, for the record: a transfer's per-byte cost is memory
+    traffic that computation mostly is not (gpt-tiny's layers sit in cache). Always one
+    intra-op thread, whatever the caller's: torch splits a copy this large over its
+    threads (on this host 6.7-7.8 GB/s with one, 17-20 with two)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+        return nbytes / _best(lambda: dst.copy_(src), reps)
+    finally:
+        torch.set_num_threads(before)
 
 
 def rows_touched(cfg: TrainConfig, steps: int = 4) -> float:
