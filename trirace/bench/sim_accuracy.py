@@ -15,8 +15,8 @@ Measurements are saved as each cell finishes, so a stopped matrix keeps what it 
 and `--resimulate` re-predicts them after a simulator change without measuring again.
 Each cell also records the host as it was there: one micro-batch's compute before and
 after it, measured as the calibration measures it, one thread's memory copying speed (as
-beside the calibration's compute draws), and the shared cores' contention curve after it. A cell measured on a slower host than its calibration is predicted too fast
-(stop 28 saw 0.80-1.18x; stop 29 found most of that in the allocator, and calibration,
+beside the calibration's compute draws), and the shared cores' contention curve after it.
+A cell measured on a slower host than its calibration is predicted too fast (stop 28 saw 0.80-1.18x; stop 29 found most of that in the allocator, and calibration,
 those timings and the runs now share its settings, runtime/allocator.py); a column
 predicts with the host re-measured, to tell the host's drift from the model's error.
 Beside each prediction stand the CPU seconds per step every rank's process used (all its
@@ -37,7 +37,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..config import make_config
+from ..config import TrainConfig, make_config
 from ..runtime import allocator
 from ..runtime.calibrate import compute_now, copy_rate, cpu_contention, profile
 from ..sim.calibration import Calibration, load_calibration
@@ -115,10 +115,8 @@ def main(argv: list[str] | None = None) -> int:
 def predict(cell: dict, where: Path) -> list[dict]:
     """Simulate every measured policy of a cell with the cell's own plan and calibration
     (a file in `where`)."""
-    got = cell["config"]
     nodes, rpn, link = cell["cluster"]
-    job = make_config({k: got[k] for k in ("model", "pp", "dp", "schedule", "micro_batches", "micro_batch_size",
-                                           "seq_len", "steps", "partition", "rank_order", "seed", "optimizer")})
+    job = cell_job(cell)
     cal = load_calibration(where / cell["calibration"])
     cluster = load_cluster("testbed", nodes, rpn, link)
     rows = []
@@ -144,6 +142,13 @@ def predict(cell: dict, where: Path) -> list[dict]:
                      "measured_exposed_allreduce_s": m["exposed_allreduce_s"],
                      "predicted_exposed_allreduce_s": pred.exposed_comm_s["allreduce"] + pred.exposed_comm_s["sparse"]})
     return rows
+
+
+def cell_job(cell: dict) -> TrainConfig:
+    """The job a cell ran: its recorded plan (the partition and rank order the bench chose)."""
+    got = cell["config"]
+    return make_config({k: got[k] for k in ("model", "pp", "dp", "schedule", "micro_batches", "micro_batch_size",
+                                            "seq_len", "steps", "partition", "rank_order", "seed", "optimizer")})
 
 
 def at_host_speed(cal: Calibration, seconds: float, contention: dict | None = None) -> tuple[Calibration, float]:

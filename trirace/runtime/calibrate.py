@@ -393,6 +393,15 @@ class Beside:
     work_per_s: list[float]
 
 
+def beside_windows(got: dict, iteration_s: float) -> list[list[dict]]:
+    """`_BESIDE`'s result as per_byte_beside reads it: per rank, each window's work done per
+    second (units of `iteration_s`; None without a whole iteration), bytes and messages sent
+    per second."""
+    return [[{"work_per_s": iteration_s / p["mean"] if p["mean"] else None,
+              "bytes_per_s": p["ops"] * got["op_bytes"] / p["window"],
+              "messages_per_s": p["ops"] * got["op_messages"] / p["window"]} for p in r] for r in got["ranks"]]
+
+
 def per_byte_beside(windows: list[list[dict]], per_message_s: float) -> list[float]:
     """Each busy window's CPU seconds per byte: the work the ranks did per second in it, less
     the mean of the quiet windows on either side (so a host speeding up or slowing down
@@ -430,9 +439,8 @@ def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, 
     (the contention probe's units: one micro-batch's calibrated compute per iteration)
     over bytes sent per second, less the messages' fixed cost (`per_message_s`, measured
     on an idle host): `per_byte_beside` on `busy_windows` busy windows, each between two
-    quiet ones. On the testbed (stop 30), beside computation
-    on saturated cores a message's byte cost 0.6-1.1 ns on loopback and 1.9-3.1 ns across
-    nodes at 250-500 Mbit, 1.3-2.5x and 3-7x its idle figures, and more on slower links:
+    quiet ones. On the testbed (stop 30), beside computation on saturated cores a
+    message's byte cost 0.6-1.1 ns on loopback and 1.9-3.1 ns across nodes at 250-500 Mbit, 1.3-2.5x and 3-7x its idle figures, and more on slower links:
     the bytes stream through caches computation was using, and every wake-up of gloo's
     threads takes a core from it. So the operations walk through a buffer as large as the
     model's gradients (up to 64 MiB), as a reduction's chunks do, rather than reusing one
@@ -462,9 +470,7 @@ def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, 
                    [str(world), str(Path(tmp) / "store"), str(out), str(job), str(threads), str(bytes_per_s), str(seconds),
                     str(busy_windows), str(span), str(nbytes), json.dumps(groups), str(wake_hz)], out, timeout_s)
         got = json.loads(out.read_text())
-    windows = [[{"work_per_s": iteration_s / p["mean"] if p["mean"] else None,
-                 "bytes_per_s": p["ops"] * got["op_bytes"] / p["window"],
-                 "messages_per_s": p["ops"] * got["op_messages"] / p["window"]} for p in r] for r in got["ranks"]]
+    windows = beside_windows(got, iteration_s)
     per_byte = per_byte_beside(windows, per_message_s)
     if not per_byte:
         raise UsageError("transfer-beside-compute probe: no window held a whole iteration")
@@ -655,8 +661,9 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
     over the calibration between compute draws, and each figure is the median (the
     per-byte ones over every round's busy windows): stop 34 saw four ranks' throughput
     read 1.70 at one calibration and 1.34-1.50 in the minutes after it, and the per-byte
-    probe swing up to 3x between hours, so one reading could decide a rate's predictions. `probe_s`: each contention window's seconds (6 s in one
-    reading before stop 35; three of 4 s now)."""
+    probe swing up to 3x between hours, so one reading could decide a rate's predictions.
+    `probe_s`: each contention window's seconds (6 s in one reading before stop 35; three
+    of 4 s now)."""
     from ..sim.cluster import PRESETS
 
     check_probe_settings(rounds, probe_s)

@@ -18,8 +18,7 @@ for span in [128, 1, 128, 1]:
         C._run_ranks("x", C._BESIDE, world, tb, [str(world), str(Path(tmp) / "store"), str(out), str(job), "1", str(rate),
                      str(seconds), "2", str(span), str(nbytes), "[]", "860"], out, 600)
         got = json.loads(out.read_text())
-    windows = [[{"work_per_s": iteration_s / p["mean"] if p["mean"] else None, "bytes_per_s": p["ops"] * got["op_bytes"] / p["window"],
-                 "messages_per_s": p["ops"] * got["op_messages"] / p["window"]} for p in r] for r in got["ranks"]]
+    windows = C.beside_windows(got, iteration_s)
     work = [round(sum(w[i]["work_per_s"] or 0 for w in windows), 3) for i in range(5)]
     print(f"span {span} ({span * nbytes >> 20} MiB)", [f"{x*1e9:.2f}" for x in C.per_byte_beside(windows, 2.3e-4)], work,
           f"copy {C.copy_rate()/1e9:.1f} GB/s", flush=True)
