@@ -299,8 +299,9 @@ def test_profile_measures_layers_and_loopback(tmp_path, capfd):
     assert cal.cpu_throughput == pytest.approx([statistics.median(r["cpu_throughput"][k] for r in cal.probe_rounds)
                                                 for k in range(2)])
     for name in ("per_byte_s", "per_byte_collective_s"):
-        # each round reads two busy windows, each between quiet ones (five kept); its figure is
-        # their median, and the calibration's the median of every round's busy windows
+        # each round reads two busy windows, each between quiet ones (five kept, after an unread
+        # settling window); its figure is their median, and the calibration's the median of
+        # every round's busy windows
         windows = []
         for r in cal.probe_rounds:
             seen = r["transfer_windows"]["intra"][name]

@@ -335,24 +335,29 @@ size = nbytes // 4
 # what one operation sends per rank: a message, or a ring all-reduce's two passes over (g-1)/g
 op_bytes, op_messages = (2 * (mine[1] - 1) / mine[1] * nbytes, 2 * (mine[1] - 1)) if mine else (nbytes, 1)
 n = max(4, int(seconds * rate / op_bytes))  # the same count on every rank: pairs and groups stay matched
+# allocated and written once, before any window, as a job's gradients and activation buffers
+# are: stop 38 found fresh buffers in every busy window charging their pages to the bytes
+send, recv = torch.zeros(span * size), torch.zeros(span * size)
+def op(i):
+    at = (i % span) * size  # each operation on memory the last few did not touch, as gradients come
+    if mine:
+        dist.all_reduce(send[at:at + size], group=mine[0])
+    else:
+        r = dist.irecv(recv[at:at + size], (rank - 1) % world, group=ring_group)  # posted before the send
+        s = dist.isend(send[at:at + size], (rank + 1) % world, group=ring_group)
+        r.wait()
+        s.wait()
 def ring(done):
-    send, recv = torch.zeros(span * size), torch.zeros(span * size)
     t0 = time.perf_counter()
     for i in range(n):
-        at = (i % span) * size  # each operation on memory the last few did not touch, as gradients come
-        if mine:
-            dist.all_reduce(send[at:at + size], group=mine[0])
-        else:
-            r = dist.irecv(recv[at:at + size], (rank - 1) % world, group=ring_group)  # posted before the send
-            s = dist.isend(send[at:at + size], (rank + 1) % world, group=ring_group)
-            r.wait()
-            s.wait()
+        op(i)
         time.sleep(max(t0 + (i + 1) * op_bytes / rate - time.perf_counter(), 0.0))  # paced to `rate`
     done.append(time.perf_counter())
 step()
+op(0)  # the path's first use (connections, gloo's buffers) before any window
 phases = []
-for w in range(2 * busy_windows + 1):  # quiet, busy, quiet, ..., quiet: each busy window between two quiet ones
-    busy = w % 2 == 1
+for w in range(2 * busy_windows + 2):  # settle, then quiet, busy, quiet, ..., quiet: each busy window between two quiet ones
+    busy = w > 0 and w % 2 == 0
     start = torch.tensor([time.perf_counter() + 0.2], dtype=torch.float64)  # one host, one clock
     dist.all_reduce(start, op=dist.ReduceOp.MAX)
     start = float(start)
@@ -373,8 +378,9 @@ for w in range(2 * busy_windows + 1):  # quiet, busy, quiet, ..., quiet: each bu
     if th:
         th.join()
     window = (done[0] if th else start + seconds) - start
-    phases.append({"mean": statistics.fmean(times) if times else None, "window": window,
-                   "ops": n if busy else 0})
+    if w > 0:  # the first window only settles: what the start-up left behind lands in it, unread
+        phases.append({"mean": statistics.fmean(times) if times else None, "window": window,
+                       "ops": n if busy else 0})
     dist.barrier()
 got = [None] * world
 dist.all_gather_object(got, phases)
@@ -439,7 +445,8 @@ def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, 
     (the contention probe's units: one micro-batch's calibrated compute per iteration)
     over bytes sent per second, less the messages' fixed cost (`per_message_s`, measured
     on an idle host): `per_byte_beside` on `busy_windows` busy windows, each between two
-    quiet ones. On the testbed (stop 30), beside computation on saturated cores a
+    quiet ones, after an unread settling window. The buffers are allocated and written
+    once, before it, as a job's are. On the testbed (stop 30), beside computation on saturated cores a
     message's byte cost 0.6-1.1 ns on loopback and 1.9-3.1 ns across nodes at 250-500 Mbit, 1.3-2.5x and 3-7x its idle figures, and more on slower links:
     the bytes stream through caches computation was using, and every wake-up of gloo's
     threads takes a core from it. So the operations walk through a buffer as large as the

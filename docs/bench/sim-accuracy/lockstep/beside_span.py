@@ -1,4 +1,4 @@
-"""Diagnostic (stop 38): the per-byte probe's raw windows with its buffer walk (span 128, 64 MiB) and without (span 1), alternating, on a held testbed.
+"""Diagnostic (stop 38; rerun stop 39 after the buffers moved out of the windows): the per-byte probe's raw windows with its buffer walk (span 128, 64 MiB) and without (span 1), alternating, on a held testbed.
     python docs/bench/sim-accuracy/lockstep/beside_span.py 50mbit 6.25e6   (link, bytes per second per rank)"""
 import json, sys, tempfile
 from pathlib import Path
