@@ -40,7 +40,8 @@ print(json.dumps({"faults": faults, "mmap_max": os.environ.get("MALLOC_MMAP_MAX_
 
 
 def _run(how: str, extra_env: dict[str, str]) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "TRIRACE_MALLOC"}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MALLOC_") and k not in ("TRIRACE_MALLOC", "GLIBC_TUNABLES")}
     out = subprocess.run([sys.executable, "-c", _LOOP, how], env={**env, **extra_env}, capture_output=True,
                          text=True, timeout=120, check=True).stdout
     return json.loads(out)
@@ -68,4 +69,10 @@ def test_trirace_malloc_off_leaves_glibcs_defaults():
 def test_a_setting_the_user_made_is_kept():
     got = _run("use", {"MALLOC_MMAP_MAX_": "65536"})  # mmap allowed: the user's choice
     assert got["mmap_max"] == "65536"
+    assert min(got["faults"][-10:]) > 4096
+
+
+def test_a_tunable_the_user_set_is_kept():
+    got = _run("use", {"GLIBC_TUNABLES": "glibc.malloc.check=0:glibc.malloc.mmap_max=65536"})
+    assert got["mmap_max"] is None  # not set over the user's tunable, nor by mallopt
     assert min(got["faults"][-10:]) > 4096

@@ -17,8 +17,8 @@ asynchronous policies spent 7-10% more compute CPU per step (stop 29). The defau
 memory per rank (886-893 -> 1067-1140 MB).
 
 The environment variables reach processes started after `use()`; `mallopt` sets the
-same for the running process. A variable the user set is left alone: glibc read it when
-the process started. `TRIRACE_MALLOC=off` leaves the allocator as glibc set it up. (Only
+same for the running process. A setting the user made is left alone, as a variable or
+in GLIBC_TUNABLES: glibc read it when the process started. `TRIRACE_MALLOC=off` leaves the allocator as glibc set it up. (Only
 the main arena never maps: a request over 64 MiB from another thread still gets its own
 mapping, glibc's arenas being at most that large.)
 """
@@ -32,6 +32,15 @@ import platform
 # variable: (mallopt option in glibc's malloc.h, value); mallopt takes an int: at most 2 GiB
 _SETTINGS = {"MALLOC_MMAP_MAX_": (-4, 0), "MALLOC_TRIM_THRESHOLD_": (-1, 1 << 30), "MALLOC_TOP_PAD_": (-2, 256 << 20)}
 ENV = {k: str(value) for k, (_, value) in _SETTINGS.items()}
+# the same settings under glibc's tunables (GLIBC_TUNABLES=glibc.malloc.mmap_max=...:...)
+_TUNABLES = {"glibc.malloc.mmap_max": "MALLOC_MMAP_MAX_", "glibc.malloc.trim_threshold": "MALLOC_TRIM_THRESHOLD_",
+             "glibc.malloc.top_pad": "MALLOC_TOP_PAD_"}
+
+
+def _user_set() -> set[str]:
+    """The settings the environment already makes, by either name."""
+    tuned = (item.split("=", 1)[0] for item in os.environ.get("GLIBC_TUNABLES", "").split(":"))
+    return {k for k in ENV if k in os.environ} | {_TUNABLES[t] for t in tuned if t in _TUNABLES}
 
 
 def use() -> bool:
@@ -40,7 +49,7 @@ def use() -> bool:
     library is not glibc (the variables then mean nothing either) or an option was refused."""
     if os.environ.get("TRIRACE_MALLOC") == "off":
         return False
-    mine = {k: v for k, v in ENV.items() if k not in os.environ}
+    mine = {k: v for k, v in ENV.items() if k not in _user_set()}
     os.environ.update(mine)
     if platform.libc_ver()[0] != "glibc":
         return False
