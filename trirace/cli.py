@@ -405,7 +405,7 @@ def _profile(args: argparse.Namespace) -> int:
         shared += "; a blocking send returns with " + ", ".join(f"{v / 2**20:.2f} MiB still to cross {k}"
                                                                 for k, v in cal.send_buffer.items())
     draws = f" (the median of {len(cal.compute_draws_s)} timings: {' '.join(f'{x:.3f}' for x in cal.compute_draws_s)} s)"
-    if cal.copy_draws_bytes_per_s:  # the host's memory: a slow hour reads high per byte (stop 38)
+    if cal.copy_draws_bytes_per_s:  # one thread's memory copying speed beside each draw, for the record
         shared += ("; memory copies at " + " ".join(f"{x / 1e9:.1f}" for x in cal.copy_draws_bytes_per_s)
                    + " GB/s beside those timings")
     print(f"forward {fwd * 1e3:.1f} ms, backward {bwd * 1e3:.1f} ms per micro-batch{draws} ({cal.threads} thread(s)); "

@@ -16,8 +16,9 @@ and `--resimulate` re-predicts them after a simulator change without measuring a
 Each cell also records the host as it was there: one micro-batch's compute before and
 after it, measured as the calibration measures it, one thread's memory copying speed (as
 beside the calibration's compute draws), and the shared cores' contention curve after it.
-A cell measured on a slower host than its calibration is predicted too fast (stop 28 saw 0.80-1.18x; stop 29 found most of that in the allocator, and calibration,
-those timings and the runs now share its settings, runtime/allocator.py); a column
+A cell measured on a slower host than its calibration is predicted too fast (stop 28 saw
+0.80-1.18x; stop 29 found most of that in the allocator, and calibration, those timings
+and the runs now share its settings, runtime/allocator.py); a column
 predicts with the host re-measured, to tell the host's drift from the model's error.
 Beside each prediction stand the CPU seconds per step every rank's process used (all its
 threads; each rank's median steady step, summed) and what the simulator charged the

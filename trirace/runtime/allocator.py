@@ -18,9 +18,9 @@ memory per rank (886-893 -> 1067-1140 MB).
 
 The environment variables reach processes started after `use()`; `mallopt` sets the
 same for the running process. A setting the user made is left alone, as a variable or
-in GLIBC_TUNABLES: glibc read it when the process started. `TRIRACE_MALLOC=off` leaves the allocator as glibc set it up. (Only
-the main arena never maps: a request over 64 MiB from another thread still gets its own
-mapping, glibc's arenas being at most that large.)
+in GLIBC_TUNABLES: glibc read it when the process started. `TRIRACE_MALLOC=off` leaves
+the allocator as glibc set it up. (Only the main arena never maps: a request over 64 MiB
+from another thread still gets its own mapping, glibc's arenas being at most that large.)
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def use() -> bool:
     library is not glibc (the variables then mean nothing either) or an option was refused."""
     if os.environ.get("TRIRACE_MALLOC") == "off":
         return False
-    mine = {k: v for k, v in ENV.items() if k not in _user_set()}
+    users = _user_set()
+    mine = {k: v for k, v in ENV.items() if k not in users}
     os.environ.update(mine)
     if platform.libc_ver()[0] != "glibc":
         return False
