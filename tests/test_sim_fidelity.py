@@ -10,6 +10,7 @@ import heapq
 from dataclasses import replace
 import json
 import os
+import random
 import shutil
 
 import pytest
@@ -539,6 +540,7 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
                  "exposed_allreduce_s": 0.0} for p in ("blocking", "trirace")]
     # trirace's run recorded every thread's CPU of each rank; blocking's row is from a file that did not
     measured[1]["cpu_s"] = [0.6, 0.45]
+    measured[1]["steps_s"] = [[0.48, 0.5, 0.52, 0.5], [0.45, 0.5, 0.55, 0.5], [0.5, 0.5, 0.49, 0.51]]  # since stop 40
     after = {"throughput": [0.95, 1.6], "spread": [0.03, 0.2]}  # the cores as the cell left them
     payload = {"rounds": 3, "steps": 6, "cells": [{"name": "2x1 @ 100mbit", "cluster": [2, 1, "100mbit"],
                                                    "config": job, "calibration": str(saved / "cal.json"),
@@ -578,8 +580,28 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     assert got["trirace"]["host_compute_error"] == pytest.approx(host / 0.5 - 1)
     assert got["blocking"]["host_compute"] == pytest.approx(0.225 / 0.21)
     assert "With compute at the speed the run measured" not in md
+    # the measured median's interval, where the run kept its steps (blocking's file did not)
+    lo, hi = got["trirace"]["interval_s"]
+    assert lo <= 0.5 <= hi and "interval_s" not in got["blocking"]
+    assert f"| 2x1 @ 100mbit | trirace | 0.500 [{lo:.3f}-{hi:.3f}] |" in md and "| 2x1 @ 100mbit | blocking | 0.500 |" in md
     # the host's speed beside the calibration's, and its memory's (the calibration's draws' median)
     assert "| 2x1 @ 100mbit | 0.210 / 0.200 / 0.250 | 6.0 / 5.0 / 4.0 |" in md
+
+
+def test_a_measured_median_s_interval_narrows_with_more_steps_and_judges_a_miss():
+    from trirace.bench.sim_accuracy import consistent, median_interval
+
+    rng = random.Random(1)
+    few = [[rng.gauss(1.0, 0.1) for _ in range(4)] for _ in range(3)]
+    many = [[rng.gauss(1.0, 0.1) for _ in range(40)] for _ in range(3)]
+    (a, b), (c, d) = median_interval(few), median_interval(many)
+    assert a < b and c < d and d - c < (b - a) / 2  # ten times the steps: about a third of the width
+    assert median_interval(few) == [a, b]  # seeded: a report is repeatable
+    assert median_interval([[1.0] * 4] * 3) == [1.0, 1.0]
+    # 1.10 predicted against a median whose interval reaches 1.05: 5% of it, not a miss the measurement can tell
+    assert consistent({"predicted_s": 1.10, "interval_s": [0.98, 1.05]})
+    assert not consistent({"predicted_s": 1.11, "interval_s": [0.98, 1.05]})
+    assert not consistent({"predicted_s": 0.93, "interval_s": [0.98, 1.05]})
 
 
 # ------------------------------------------------------------------ a send returns before its bytes arrive

@@ -58,6 +58,7 @@ class Result:
     compute_cpu_s: list[float] | None = None  # per rank, the median step's compute CPU (the peer measures none)
     cpu_s: list[float] | None = None  # per rank, the median step's CPU, every thread of the rank's process
     wakeups_hz: list[float] | None = None  # per rank, the median step's wake-ups of its other threads per second
+    steps_s: list[list[float]] | None = None  # every round's steady steps, in order: what the medians are of
 
 
 @contextmanager
@@ -108,12 +109,14 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
                          rank_command=rank_command, rank_env=rank_env)
     rows: dict[str, list[dict]] = {s: [] for s in systems}
     per_round: dict[str, list[float]] = {s: [] for s in systems}
+    every: dict[str, list[list[float]]] = {s: [] for s in systems}
     losses: dict[str, list[float]] = {}
     for name, res in zip(names, runs):
         kept = steady_steps(len(res))
         steady = res[kept.start:kept.stop]
         rows[name] += steady
-        per_round[name].append(statistics.median(r["step_time_s"] for r in steady))
+        every[name].append([r["step_time_s"] for r in steady])
+        per_round[name].append(statistics.median(every[name][-1]))
         losses.setdefault(name, [r["loss"] for r in res])
     measured = [s for s in ("blocking", *systems) if s in rows and "rank_compute_cpu_s" in rows[s][0]]
     if not measured:
@@ -133,7 +136,8 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
                               ref / step[s], med("exposed_p2p_s"), med("exposed_allreduce_s"), losses[s],
                               per_rank_median(rows[s], "rank_compute_cpu_s") if s in measured else None,
                               per_rank_median(rows[s], "rank_cpu_s") if s in measured else None,
-                              per_rank_median(rows[s], "rank_wakeups", per_second=True) if s in measured else None))
+                              per_rank_median(rows[s], "rank_wakeups", per_second=True) if s in measured else None,
+                              every[s]))
     return {"config": {**base.model_dump(mode="json", exclude={"topology"}), "cluster": asdict(cluster),
                        "rounds": rounds, "warmup_steps": WARMUP_STEPS, "drain_steps": DRAIN_STEPS,
                        "lower_bound": {**asdict(reference), "binding": reference.binding,
