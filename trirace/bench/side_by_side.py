@@ -108,15 +108,13 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
         runs = run_local(cfgs, systems=["torch-1f1b" if n == "torch-1f1b" else "trirace" for n in names],
                          rank_command=rank_command, rank_env=rank_env)
     rows: dict[str, list[dict]] = {s: [] for s in systems}
-    per_round: dict[str, list[float]] = {s: [] for s in systems}
-    every: dict[str, list[list[float]]] = {s: [] for s in systems}
+    every: dict[str, list[list[float]]] = {s: [] for s in systems}  # each round's steady step times
     losses: dict[str, list[float]] = {}
     for name, res in zip(names, runs):
         kept = steady_steps(len(res))
         steady = res[kept.start:kept.stop]
         rows[name] += steady
         every[name].append([r["step_time_s"] for r in steady])
-        per_round[name].append(statistics.median(every[name][-1]))
         losses.setdefault(name, [r["loss"] for r in res])
     measured = [s for s in ("blocking", *systems) if s in rows and "rank_compute_cpu_s" in rows[s][0]]
     if not measured:
@@ -132,7 +130,8 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
     for s in systems:
         med = lambda k: statistics.median(r[k] for r in rows[s]) if k in rows[s][0] else None  # noqa: E731
         b = bounds[s].seconds
-        results.append(Result(s, base.tokens_per_step / step[s], step[s], per_round[s], b, b / step[s],
+        per_round = [statistics.median(steps) for steps in every[s]]
+        results.append(Result(s, base.tokens_per_step / step[s], step[s], per_round, b, b / step[s],
                               ref / step[s], med("exposed_p2p_s"), med("exposed_allreduce_s"), losses[s],
                               per_rank_median(rows[s], "rank_compute_cpu_s") if s in measured else None,
                               per_rank_median(rows[s], "rank_cpu_s") if s in measured else None,

@@ -276,7 +276,7 @@ def misses(payload: dict) -> str:
             f"{under} of {sum(len(c['results']) for c in payload['cells'])} predictions are under.")
     if all("interval_s" in r for _, r in rows):  # (files from before stop 40 keep no steps)
         beyond = [f"{name} {r['policy']} ({100 * r['error']:+.1f}%)" for name, r in rows if not consistent(r)]
-        line += (f" {len(rows) - len(beyond)} of the misses are within 5% of their measured median's 95% interval; "
+        line += (f" {len(rows) - len(beyond)} of the misses are within {100 * TARGET:.0f}% of their measured median's 95% interval; "
                  f"beyond it: {', '.join(beyond) or 'none'}.")
     return line
 
