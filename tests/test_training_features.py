@@ -244,10 +244,11 @@ import json, os, sys, torch, torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 from trirace.config import make_config
 from pathlib import Path
+from trirace.runtime import gloo
 from trirace.runtime.worker import run_jobs
 rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 torch.set_num_threads(1)
-dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+dist.init_process_group(gloo.backend("gloo"), init_method=f"file://{store}", rank=rank, world_size=2)
 cfg = make_config(dict(model="gpt-test", data="synthetic", steps=2, micro_batch_size=2, seq_len=32, pp=2, dp=1,
                        micro_batches=2, progress=False, probe=True, eval_every=1, eval_batches=1))
 after = []

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from ..comm.sparse import ALPHA_S, BYTES_PER_S, METHODS, breakdown, crossovers
-from ..runtime import allocator
+from ..runtime import allocator, gloo
 
 RUN = (*METHODS, "auto")
 
@@ -49,7 +49,7 @@ def worker(rank: int, world: int, store: str, out_path: str, cfg: dict) -> None:
 
     # Processes share the cores: one intra-op thread each unless cores are plentiful.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    dist.init_process_group(gloo.backend("gloo"), init_method=f"file://{store}", rank=rank, world_size=world)
     rows = []
     try:
         for ci, (vocab, density) in enumerate((v, d) for v in cfg["vocab"] for d in cfg["density"]):

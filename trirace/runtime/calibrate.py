@@ -170,7 +170,8 @@ from trirace.plan.topology import Topology, single_node
 from trirace.runtime.probe import probe_links
 from trirace.runtime.calibrate import send_buffer, transfer_cpu
 rank, store, out, nodes = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
-dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+from trirace.runtime.gloo import backend
+dist.init_process_group(backend("gloo"), init_method=f"file://{store}", rank=rank, world_size=2)
 base = single_node(2)
 topo = probe_links(Topology(nodes, 2 // nodes, base.intra, base.inter), torch.device("cpu"), large_bytes=4 << 20)
 link = topo.inter if nodes == 2 else topo.intra
@@ -323,7 +324,8 @@ nbytes, groups = int(sys.argv[11]), json.loads(sys.argv[12])  # groups: [] = a P
 torch.set_num_threads(threads)
 from trirace.runtime.wakeups import Waker
 Waker(float(sys.argv[13])).__enter__()  # in quiet and busy windows alike: the job's other wake-ups
-dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+from trirace.runtime.gloo import backend
+dist.init_process_group(backend("gloo"), init_method=f"file://{store}", rank=rank, world_size=world)
 ring_group = dist.new_group(list(range(world)))  # the ring thread's own communicator: it alone issues on it
 mine = None
 for g in groups:  # every rank makes every group, in one order; each all-reduces in its own
@@ -551,7 +553,8 @@ def _on_testbed(what: str, script: str, nodes: int, ranks_per_node: int, link: s
 _SHARE = r"""
 import json, sys, time, torch, torch.distributed as dist
 rank, store, out, nbytes, reps = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=4)
+from trirace.runtime.gloo import backend
+dist.init_process_group(backend("gloo"), init_method=f"file://{store}", rank=rank, world_size=4)
 t = torch.zeros(nbytes // 4)
 shares = []
 for rep in range(reps + 1):  # the first opens the connections
@@ -588,7 +591,8 @@ _QUEUE = r"""
 import json, statistics, sys, threading, time, torch, torch.distributed as dist
 rank, store, out, nbytes, reps = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(1)
-dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=4)
+from trirace.runtime.gloo import backend
+dist.init_process_group(backend("gloo"), init_method=f"file://{store}", rank=rank, world_size=4)
 bulk_group = dist.new_group([0, 1, 2, 3])  # the bulk thread's own communicator
 pair = dist.new_group([0, 1])  # nodes 0 and 1: the small all-reduces
 t, x = torch.zeros(nbytes // 4), torch.zeros(2)

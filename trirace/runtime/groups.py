@@ -21,13 +21,14 @@ import torch.distributed as dist
 
 from ..plan import Op
 from ..plan.job import JobPlan
+from . import gloo
 from .comms import CommLog, Communicator
 
 
 def control_communicator(log: CommLog, timeout: timedelta) -> Communicator:
     """The whole world on gloo: the first communicator every rank creates."""
     world = list(range(dist.get_world_size()))
-    group = dist.new_group(world, backend="gloo")
+    group = dist.new_group(world, backend=gloo.backend("gloo"))
     return Communicator("control", world, group, torch.device("cpu"), log, timeout)
 
 
@@ -120,7 +121,7 @@ def make_groups(plan: JobPlan, device: torch.device, control: Communicator, eval
             h = _hierarchy(s.stage, list(s.ranks), plan, comm)
             hierarchy = h if s.stage == stage else hierarchy
     world = list(range(dist.get_world_size()))
-    norm = Communicator("norm", world, dist.new_group(world, backend="gloo"), torch.device("cpu"), log, timeout)
+    norm = Communicator("norm", world, dist.new_group(world, backend=gloo.backend("gloo")), torch.device("cpu"), log, timeout)
     eval_p2p: dict[str, tuple[Communicator, int]] = {}
     for a, b in L.p2p_pairs() if evaluate else ():
         c = comm(f"eval/{a}>{b}", [a, b])

@@ -25,7 +25,7 @@ from .. import preflight
 from ..errors import Diverged, UsageError
 from ..plan.memory import check_memory
 from ..plan.topology import load_topology
-from . import allocator, checkpoint
+from . import allocator, checkpoint, gloo
 from .trainer import RankFailed, Trainer, plan_partition, sampler_for
 
 
@@ -89,7 +89,7 @@ def train(cfg: TrainConfig, model=None) -> list[dict] | None:
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                               timeout=timeout)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group(backend, store=dist.PrefixStore(f"trirace/attempt-{attempt}", store),
+        dist.init_process_group(gloo.backend(backend), store=dist.PrefixStore(f"trirace/attempt-{attempt}", store),
                                 rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
         try:
             rows = Trainer(cfg).run()

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from ..config import TrainConfig
 from ..errors import Diverged
-from . import allocator
+from . import allocator, gloo
 from .launch import quit_now
 from .trainer import RankFailed, Trainer
 
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
     timeout = timedelta(seconds=jobs[0]["config"].get("fail_timeout_s", 60.0))
     if backend == "nccl":  # one process per GPU: the local launcher runs every rank on this host
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group(gloo.backend(backend), init_method=f"file://{store}", rank=rank, world_size=world, timeout=timeout)
     try:
         run_jobs(jobs, out)
     except RankFailed as e:
