@@ -25,8 +25,8 @@ from trirace.models.build import layer_param_numels
 from trirace.plan import Layout, build_schedule
 from trirace.plan.bounds import steady_steps
 from trirace.plan.topology import Link, Topology
-from trirace.runtime.calibrate import (compute_now, copy_rate, cpu_contention, layer_times, link_queue, link_share,
-                                      per_byte_beside, plausible, probe_pair)
+from trirace.runtime.calibrate import (Contention, compute_now, copy_rate, cpu_contention, layer_times, link_queue,
+                                      link_share, per_byte_beside, plausible, probe_pair, refusal, stalled)
 from trirace.sim import report
 from trirace.sim.calibration import Calibration, load_calibration
 from trirace.sim.cluster import PRESET_FILE, PRESETS, load_cluster
@@ -234,6 +234,23 @@ def test_a_contention_reading_past_what_the_cores_can_do_is_refused():
     assert plausible([0.99, 1.83, 1.82, 1.68], cores=2)  # a reading of 2 cores (stop 37)
     assert not plausible([0.95, 5.63, 5.47, 5.24], cores=2)  # the same hour, the host busy at k=1
     assert plausible([1.0, 2.0, 2.9, 3.8], cores=4) and not plausible([1.0, 2.0, 3.6], cores=2)
+
+
+def test_a_contention_reading_with_a_stalled_iteration_is_refused():
+    # stop 41's calibration at 500 Mbit, rounds 1 and 3 (k=1 shortened): three ranks on two
+    # cores alternate between 0.25 and 0.5 s, which stands; four read 1.10 beside first
+    # iterations of 1.4-2.3 s, which does not
+    one = [[0.23, 0.23, 0.22, 0.23, 0.25, 0.24]]
+    three = [[0.38, 0.38, 0.39, 0.3, 0.39], [0.3, 0.39, 0.37, 0.25, 0.48], [0.46, 0.36, 0.51, 0.34, 0.26]]
+    calm = Contention([0.97, 1.87, 1.78, 1.75], [0.02, 0.04, 0.15, 0.05], [], [one, [one[0]] * 2, three,
+                      [[0.51, 0.47, 0.47, 0.51], [0.53, 0.52, 0.49, 0.52], [0.53, 0.47, 0.55, 0.5], [0.56, 0.53, 0.58]]])
+    hiccup = replace(calm, throughput=[0.98, 1.82, 1.84, 1.10],
+                     times=calm.times[:3] + [[[2.16, 0.52, 0.57, 0.51], [0.55, 0.57, 0.48, 0.54],
+                                              [1.41, 0.55, 0.52, 0.53, 0.58], [2.27]]])
+    assert stalled(calm) == [] and refusal(calm, cores=2) == ""
+    assert stalled(hiccup) == [4] and "stalled at k=4" in refusal(hiccup, cores=2)
+    busy = replace(calm, throughput=[0.95, 5.63, 5.47, 5.24])  # plausible's case comes first
+    assert "more than k cores" in refusal(busy, cores=2)
 
 
 def test_the_memory_speed_is_read_by_one_thread_whatever_the_callers_count():

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from ..config import TrainConfig, make_config
 from ..runtime import allocator
-from ..runtime.calibrate import compute_now, copy_rate, cpu_contention, profile
+from ..runtime.calibrate import compute_now, copy_rate, cpu_contention, profile, stalled
 from ..sim.calibration import Calibration, load_calibration
 from ..sim.cluster import load_cluster
 from ..sim.run import simulate
@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             cell = {"name": matrix.cell_name(c), "cluster": [c.nodes, c.ranks_per_node, c.link],
                     "config": measured["config"], "calibration": calibrations[c.link],
                     "compute_s": [before, after], "copy_bytes_per_s": [copy_before, copy_after],
-                    "contention_after": {"throughput": contention.throughput, "spread": contention.spread},
+                    "contention_after": {"throughput": contention.throughput, "spread": contention.spread,
+                                         "stalled": stalled(contention)},
                     "measured": [{k: r[k] for k in ("system", "step_time_s", "round_steps_s", "exposed_p2p_s",
                                                       "exposed_allreduce_s", "compute_cpu_s", "cpu_s", "wakeups_hz",
                                                       "steps_s")}

@@ -49,7 +49,8 @@ JSON, so it can be read, diffed and edited:
                                      two per-byte figures are the rounds' medians (a round's
                                      per-byte figure: the median of its busy windows'; the
                                      work done per second in each window, quiet and busy,
-                                     kept); kept for the record
+                                     kept); kept for the record, with "refused": the contention
+                                     reading a round measured again, and why (calibrate.refusal)
   sparse_local_s                     seconds one replica's exchange of the token table's gradient
                                      spends on its own memory (scanning the whole table for the
                                      touched rows, zeroing it, adding the replicas' rows), alone,
