@@ -46,7 +46,7 @@ from pathlib import Path
 
 from ..config import TrainConfig, make_config
 from ..runtime import allocator
-from ..runtime.calibrate import compute_now, copy_rate, cpu_contention, profile, stalled
+from ..runtime.calibrate import compute_now, copy_rate, profile, steady_contention
 from ..sim.calibration import Calibration, load_calibration
 from ..sim.cluster import load_cluster
 from ..sim.run import simulate
@@ -100,12 +100,13 @@ def main(argv: list[str] | None = None) -> int:
             measured = side_by_side.run(cfg, c, POLICIES, args.rounds)
             after, copy_after = compute_now(cfg, cal.threads), copy_rate()
             # the shared cores as the cell left them, beside the calibration's wake-ups
-            contention = cpu_contention(cfg, cfg.world_size, cal.threads, wake_hz=cal.comm_wakeups_hz)
+            contention, refused = steady_contention(cfg, cal.threads, 6.0, cal.comm_wakeups_hz,
+                                                    lambda w: print(f"after the cell: {w}", file=sys.stderr))
             cell = {"name": matrix.cell_name(c), "cluster": [c.nodes, c.ranks_per_node, c.link],
                     "config": measured["config"], "calibration": calibrations[c.link],
                     "compute_s": [before, after], "copy_bytes_per_s": [copy_before, copy_after],
                     "contention_after": {"throughput": contention.throughput, "spread": contention.spread,
-                                         "stalled": stalled(contention)},
+                                         "refused": refused},
                     "measured": [{k: r[k] for k in ("system", "step_time_s", "round_steps_s", "exposed_p2p_s",
                                                       "exposed_allreduce_s", "compute_cpu_s", "cpu_s", "wakeups_hz",
                                                       "steps_s")}

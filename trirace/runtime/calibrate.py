@@ -684,6 +684,18 @@ def refusal(reading: Contention, cores: int) -> str:
     return ""
 
 
+def steady_contention(cfg: TrainConfig, threads: int, seconds: float, wake_hz: float,
+                      say=lambda what: None) -> tuple[Contention, list[dict]]:
+    """cpu_contention for the job's ranks; a reading `refusal` turns down is read once more,
+    and that one stands. Returns the reading and the refused ones, with why, for the file."""
+    reading, refused = cpu_contention(cfg, cfg.world_size, threads, seconds=seconds, wake_hz=wake_hz), []
+    if why := refusal(reading, os.cpu_count() or 1):
+        say(f"{why}; measuring again")
+        refused.append({"why": why, "cpu_throughput": reading.throughput, "iteration_times": reading.times})
+        reading = cpu_contention(cfg, cfg.world_size, threads, seconds=seconds, wake_hz=wake_hz)
+    return reading, refused
+
+
 def _median_curve(curves: list[list[float]]) -> list[float]:
     """Each point's median over the readings (every reading has the same points)."""
     return [statistics.median(c[i] for c in curves) for i in range(len(curves[0]))]
@@ -734,11 +746,7 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         readings = []  # per round: the contention curve (`record`: everything read, for the file)
         for r in range(rounds):
             say(f"round {r + 1} of {rounds}: {cfg.world_size} ranks' contention, transfer CPU")
-            reading, refused = cpu_contention(cfg, cfg.world_size, threads, seconds=probe_s, wake_hz=wake_hz), []
-            if why := refusal(reading, os.cpu_count() or 1):  # once more, then it stands
-                say(f"round {r + 1}: {why}; measuring again")
-                refused.append({"why": why, "cpu_throughput": reading.throughput, "iteration_times": reading.times})
-                reading = cpu_contention(cfg, cfg.world_size, threads, seconds=probe_s, wake_hz=wake_hz)
+            reading, refused = steady_contention(cfg, threads, probe_s, wake_hz, lambda w: say(f"round {r + 1}: {w}"))
             readings.append(reading)
             draws.append(layer_times(cfg))
             copies.append(copy_rate())
