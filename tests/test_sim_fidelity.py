@@ -621,6 +621,34 @@ def test_a_measured_median_s_interval_narrows_with_more_steps_and_judges_a_miss(
     assert not consistent({"predicted_s": 0.93, "interval_s": [0.98, 1.05]})
 
 
+def test_each_miss_is_reported_with_what_the_record_says_about_it():
+    from trirace.bench.sim_accuracy import why_missed
+
+    cal = Calibration("gpt-test", 2, 64, 1, [0.01] * 7, [0.02] * 7, 1e-9, "testbed", cpu_throughput=[0.97, 1.85, 1.80],
+                      probe_rounds=[{"cpu_throughput": [0.97, 1.9, 1.8]}, {"cpu_throughput": [0.97, 1.9, 1.78]}])
+    base = {"measured_s": 1.0, "predicted_s": 0.9, "error": -0.1, "measured_exposed_p2p_s": 0.1,
+            "predicted_exposed_p2p_s": 0.1, "measured_exposed_allreduce_s": 0.0, "predicted_exposed_allreduce_s": 0.0}
+    cell = {"contention_after": {"throughput": [0.97, 1.85, 1.81]}}
+    # nothing recorded explains it: the gap is computation's
+    assert why_missed(cell, base, cal) == ["none of these: the gap is in computation on the shared cores, "
+                                           "not in exposed transfers"]
+    # under-predicted where the host computed slower at the cell and its cores did less: both named
+    slow = {**base, "host_compute": 1.12, "host_compute_error": -0.02}
+    got = why_missed({"contention_after": {"throughput": [0.97, 1.7, 1.6]}}, slow, cal)
+    assert got[:3] == ["the host moved: re-measured at the cell -2.0%",
+                       "one rank's compute took 1.12x its calibration's time at the cell",
+                       "3 ranks on the shared cores did 1.60 after the cell, 1.80 at calibration"]
+    # the same drift cannot explain an over-prediction: not named
+    over = {**slow, "predicted_s": 1.1, "error": 0.1, "host_compute_error": 0.08}
+    assert why_missed({"contention_after": {"throughput": [0.97, 1.7, 1.6]}}, over, cal)[0].startswith("none of these")
+    # an exposed kind carrying at least half the gap, with its sign; the calibration's rounds apart; the interval
+    exposed = {**base, "predicted_exposed_allreduce_s": 0.02, "measured_exposed_allreduce_s": 0.09, "interval_s": [0.93, 1.02]}
+    wide = replace(cal, probe_rounds=[{"cpu_throughput": [0.97, 1.9, 1.8]}, {"cpu_throughput": [0.97, 1.9, 1.4]}])
+    assert why_missed(cell, exposed, wide) == ["the calibration's rounds read the 3-rank point 1.40-1.80",
+                                               "within 5% of its measured median's 95% interval",
+                                               "exposed AllReduce 0.020 s predicted, 0.090 s measured"]
+
+
 # ------------------------------------------------------------------ a send returns before its bytes arrive
 
 def test_a_buffered_send_frees_the_blocking_sender_but_its_bytes_still_cross():
