@@ -88,6 +88,10 @@ def test_metrics_report_exposed_communication(pp2dp2):
             # its communication threads (gloo's loops at least) woke while it trained
             assert not Path("/proc/self/task").is_dir() or sum(r["rank_wakeups"][i] for r in rows) > 0, \
                 (c.comm_policy, i)
+        # where the reporter's host spent its cores' time in each step, all of it accounted
+        shares = [r["host_cpu_share"] for r in rows if r["host_cpu_share"] is not None]
+        assert len(shares) >= (len(rows) // 2 if Path("/proc/stat").exists() else 0)  # (None: no tick passed)
+        assert all(sum(s.values()) == pytest.approx(1.0) and s["user"] > 0 for s in shares)
     blocking = res[0]
     assert sum(r["exposed_allreduce_s"] for r in blocking) > 0  # blocking waits for every reduction
 

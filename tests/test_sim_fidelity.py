@@ -647,6 +647,22 @@ def test_each_miss_is_reported_with_what_the_record_says_about_it():
     assert why_missed(cell, exposed, wide) == ["the calibration's rounds read the 3-rank point 1.40-1.80",
                                                "within 5% of its measured median's 95% interval",
                                                "exposed AllReduce 0.020 s predicted, 0.090 s measured"]
+    # the host's cores left to no rank beyond what the simulation left: named where it is under
+    share = {"user": 0.9, "system": 0.03, "idle": 0.04, "irq": 0.03, "steal": 0.0}
+    idle = {**base, "measured_host_cpu_share": share, "predicted_idle_share": 0.01}
+    assert why_missed(cell, idle, cal) == ["the host's cores were idle 4% and in interrupts 3% of the steady "
+                                           "steps, where the simulation left 1% to no rank"]
+    assert why_missed(cell, {**idle, "predicted_idle_share": 0.06}, cal)[0].startswith("none of these")
+
+
+def test_the_host_s_share_over_a_run_weighs_each_step_by_its_time():
+    from trirace.bench.side_by_side import host_share
+
+    rows = [{"step_time_s": 1.0, "host_cpu_share": {"user": 0.9, "idle": 0.1}},
+            {"step_time_s": 3.0, "host_cpu_share": {"user": 0.5, "idle": 0.5}},
+            {"step_time_s": 2.0, "host_cpu_share": None}]  # a step in which no tick passed
+    assert host_share(rows) == pytest.approx({"user": 0.6, "idle": 0.4})
+    assert host_share([{"step_time_s": 1.0}]) is None  # the torch peer's rows
 
 
 # ------------------------------------------------------------------ a send returns before its bytes arrive

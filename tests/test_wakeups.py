@@ -34,3 +34,16 @@ def test_a_slow_waker_stops_at_once():
         time.sleep(0.05)
         t0 = time.perf_counter()
     assert time.perf_counter() - t0 < 1.0 and w.wakeups == 0
+
+
+def test_the_host_s_core_time_is_split_by_kind_and_a_busy_thread_shows_as_user_time():
+    from trirace.runtime.hostcpu import KINDS, host_cpu_s, shares
+
+    before = host_cpu_s()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.4:  # one core busy in Python for 0.4 s
+        pass
+    got = shares(before, host_cpu_s())
+    assert set(got) == set(KINDS) and sum(got.values()) == pytest.approx(1.0)
+    assert got["user"] >= 0.25  # 0.4 core-seconds of the cores' 0.4 * cpu_count
+    assert shares(None, before) is None and shares(before, before) is None  # no tick passed

@@ -59,6 +59,9 @@ class Result:
     cpu_s: list[float] | None = None  # per rank, the median step's CPU, every thread of the rank's process
     wakeups_hz: list[float] | None = None  # per rank, the median step's wake-ups of its other threads per second
     steps_s: list[list[float]] | None = None  # every round's steady steps, in order: what the medians are of
+    # the reporter's host over the steady steps: each kind's share of all its cores' time
+    # (runtime/hostcpu.py); idle and irq are what no rank's CPU counts
+    host_cpu_share: dict[str, float] | None = None
 
 
 @contextmanager
@@ -136,12 +139,22 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
                               per_rank_median(rows[s], "rank_compute_cpu_s") if s in measured else None,
                               per_rank_median(rows[s], "rank_cpu_s") if s in measured else None,
                               per_rank_median(rows[s], "rank_wakeups", per_second=True) if s in measured else None,
-                              every[s]))
+                              every[s], host_share(rows[s])))
     return {"config": {**base.model_dump(mode="json", exclude={"topology"}), "cluster": asdict(cluster),
                        "rounds": rounds, "warmup_steps": WARMUP_STEPS, "drain_steps": DRAIN_STEPS,
                        "lower_bound": {**asdict(reference), "binding": reference.binding,
                                        "of": measured[0]}},
             "results": [asdict(r) for r in results]}
+
+
+def host_share(rows: list[dict]) -> dict[str, float] | None:
+    """Each kind's share of the host's core time over metrics rows, weighted by their step
+    times (the shares of the whole window); None where no row has it (no /proc, or the peer)."""
+    got = [(r["host_cpu_share"], r["step_time_s"]) for r in rows if r.get("host_cpu_share")]
+    if not got:
+        return None
+    total = sum(t for _, t in got)
+    return {k: sum(share[k] * t for share, t in got) / total for k in got[0][0]}
 
 
 def _nominal_topology(cluster: Cluster, world: int) -> Topology:

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "refused": refused},
                     "measured": [{k: r[k] for k in ("system", "step_time_s", "round_steps_s", "exposed_p2p_s",
                                                       "exposed_allreduce_s", "compute_cpu_s", "cpu_s", "wakeups_hz",
-                                                      "steps_s")}
+                                                      "steps_s", "host_cpu_share")}
                                  for r in measured["results"]]}
             cell["results"] = predict(cell, out)
             payload["cells"].append(cell)
@@ -143,6 +143,11 @@ def predict(cell: dict, where: Path) -> list[dict]:
             row["measured_cpu_s"] = sum(m["cpu_s"])
         if m.get("wakeups_hz"):  # (files from before stop 34 lack it)
             row["measured_wakeups_hz"] = statistics.fmean(m["wakeups_hz"])
+        if m.get("host_cpu_share"):  # (files from before stop 42 lack it)
+            row["measured_host_cpu_share"] = m["host_cpu_share"]
+        if cluster.shared_cores:  # the cores' time the simulation left to no rank
+            row["predicted_idle_share"] = max(
+                1 - sum(pred.cpu_s_per_step.values()) / (cluster.shared_cores * pred.iteration_time_s), 0.0)
         row["predicted_cpu_s"] = pred.cpu_s_per_step
         rows.append({"policy": m["system"], "measured_s": m["step_time_s"], "predicted_s": pred.iteration_time_s,
                      "error": pred.iteration_time_s / m["step_time_s"] - 1,
@@ -303,6 +308,11 @@ def why_missed(cell: dict, r: dict, cal: Calibration) -> list[str]:
     if len(rounds) > 1 and (max(rounds) - min(rounds)) > 2 * TARGET * statistics.median(rounds):
         out.append(f"the calibration's rounds read the {len(after or cal.cpu_throughput)}-rank point "
                    f"{min(rounds):.2f}-{max(rounds):.2f}")
+    share, idle = r.get("measured_host_cpu_share"), r.get("predicted_idle_share")
+    if share and idle is not None and under and share["idle"] + share["irq"] > idle + 0.02:
+        out.append(f"the host's cores were idle {100 * share['idle']:.0f}% and in interrupts "
+                   f"{100 * share['irq']:.0f}% of the steady steps, where the simulation left "
+                   f"{100 * idle:.0f}% to no rank")
     if "interval_s" in r and consistent(r):
         out.append("within 5% of its measured median's 95% interval")
     gap = r["predicted_s"] - r["measured_s"]

@@ -37,6 +37,7 @@ from .groups import Groups, control_communicator, make_groups
 from .probe import detect_topology, probe_links
 from .profile import profile_layers
 from .stage import StageModel
+from .hostcpu import host_cpu_s, shares
 from .wakeups import others_wakeups
 
 
@@ -256,6 +257,8 @@ class _StepMetrics:
         self.last_end: float | None = None
         self.last_cpu = (0.0, 0.0)
         self.engine_tid, self.last_wakeups = 0, None
+        # the reporter's host: where its cores' time went in each step (runtime/hostcpu.py)
+        self.last_host, self.host_share = host_cpu_s() if report is not None else None, {}
 
     def start(self, t: float) -> None:
         """Training starts now (on the thread that runs the engine): the first step's window
@@ -267,6 +270,8 @@ class _StepMetrics:
         self.last_cpu = (time.process_time(), time.thread_time())
         self.engine_tid = threading.get_native_id()
         self.last_wakeups = others_wakeups(self.engine_tid)
+        if self.report is not None:
+            self.last_host = host_cpu_s()
 
     def step(self, rec: StepRecord) -> None:
         st = self.comm.stats.take(rec.step)
@@ -294,6 +299,10 @@ class _StepMetrics:
         if wakeups is not None and self.last_wakeups is not None:
             mine["wakeups"] = max(wakeups - self.last_wakeups, 0)
         self.last_wakeups = wakeups
+        if self.report is not None:
+            host = host_cpu_s()
+            self.host_share[rec.step] = shares(self.last_host, host)
+            self.last_host = host
         for k, value in mine.items():
             vec[nf + self.PER_RANK.index(k) * world + self.g.rank] = value
         self.pending.append((rec.step, rec.end_time, vec, self.g.control.all_reduce(vec)))
@@ -334,6 +343,9 @@ class _StepMetrics:
         # wake-ups of the rank's other threads since its previous step (0 without /proc):
         # each preempts computation where the cores are shared (runtime/wakeups.py)
         row["rank_wakeups"] = wakeups
+        # the reporter's host since its previous step: each kind's share of all its cores'
+        # time (user, system, idle, irq, steal); what no rank is charged for is in idle and irq
+        row["host_cpu_share"] = self.host_share.pop(step, None)
         row["rank_rss_mb"] = rss
         row["rank_peak_rss_mb"] = peak_rss  # the high-water mark since this run started
         for cls in ("intra", "inter"):  # probed at start-up, and achieved since (this rank's view)
