@@ -528,6 +528,8 @@ _SPREAD_8 = Calibration(**{**_HOST.__dict__, "compute_spread": [0.02] + [0.1] * 
        policy=st.sampled_from(["blocking", "fifo", "priority", "trirace"]),
        tie=st.booleans(), m=st.sampled_from([4, 6]))
 def test_no_simulated_run_beats_the_lower_bound(layout, where, rate, policy, tie, m):
+    # stop 42: 1x4 @ 50 Mbit trirace, tied, m=4 alternated 0.278 / 0.176 s steps about a
+    # 0.227 s link bound; a median step or an odd window's mean beat it (sim/run.py)
     pp, dp = layout
     cfg = make_config({"model": "gpt-test", "pp": pp, "dp": dp, "micro_batches": m, "micro_batch_size": 2,
                        "seq_len": 64, "steps": 7, "data": "synthetic", "tie_embeddings": tie})
@@ -536,8 +538,10 @@ def test_no_simulated_run_beats_the_lower_bound(layout, where, rate, policy, tie
     cluster = load_cluster(preset, nodes=nodes, ranks_per_node=1 if preset == "testbed" else 4, link=rate)
     cal = {"testbed-calibrated": _HOST, "testbed-spread": _SPREAD_8}.get(where)
     r = simulate(cfg, cluster, policy, cal)
-    assert r.iteration_time_s >= r.lower_bound_s * (1 - 1e-9), (r.iteration_time_s, r.bound_parts)
-    assert 0 < r.overlap_efficiency <= 1 + 1e-9
+    # (a millionth: a window's edges cut work in flight by nanoseconds, 4x2 fifo at 1 Gbit
+    # 0.0293610851 s against 0.0293611008; every case of this grid held in stop 42's sweep)
+    assert r.iteration_time_s >= r.lower_bound_s * (1 - 1e-6), (r.iteration_time_s, r.bound_parts)
+    assert 0 < r.overlap_efficiency <= 1 + 1e-6
     if r.runs == 1 and cluster.shared_cores:  # nor does a step use more CPU than the cores have
         steady = [r.step_times_s[t] for t in steady_steps(cfg.steps)]
         assert sum(r.cpu_s_per_step.values()) <= cluster.shared_cores * sum(steady) / len(steady) * (1 + 1e-9)
@@ -741,3 +745,16 @@ def test_measured_link_share_makes_the_fabric_favour_the_oldest_activation():
         a, b = simulate(cfg, cluster, policy, cal, unfold=True), simulate(cfg, cluster, policy, shared, unfold=True)
         # the two replicas' activations leave node 0 together: taking turns, the first is early
         assert b.iteration_time_s < a.iteration_time_s and b.iteration_time_s >= b.lower_bound_s
+
+
+def test_a_policy_that_alternates_long_and_short_steps_is_measured_over_whole_pairs():
+    # 2bw's one-step delay: trirace at 1x4 @ 50 Mbit defers a reduction every other step
+    # (0.278 / 0.176 s); seven steps keep three steady ones, whose median (0.176) or mean
+    # (0.210) beat the 0.227 s link bound the pair's mean meets
+    cfg = make_config({"model": "gpt-test", "pp": 1, "dp": 4, "micro_batches": 4, "micro_batch_size": 2, "seq_len": 64,
+                       "steps": 7, "data": "synthetic", "tie_embeddings": True})
+    r = simulate(cfg, load_cluster("testbed", nodes=4, ranks_per_node=1, link="50mbit"), "trirace")
+    steady = [r.step_times_s[t] for t in steady_steps(cfg.steps)]
+    assert len(steady) == 3 and max(steady) > 1.3 * min(steady)  # it alternates
+    assert r.iteration_time_s == pytest.approx(sum(steady[1:]) / 2)
+    assert r.iteration_time_s >= r.lower_bound_s * (1 - 1e-6)
