@@ -666,8 +666,8 @@ def stalled(reading: Contention, ratio: float = 1.75) -> list[int]:
     half of one); in stop 41's slow hour rounds 2 and 3 of every calibration, and the probes
     after the first two cells, held first iterations of 1.0-2.3 s against a 0.5 s median at
     k=4, reading the point 1.10-1.59 where the undisturbed rounds read 1.75-1.92. The jobs
-    beside them ran as the undisturbed curve says (4x1 at 500 and 250 Mbit came 7-14% over
-    on the disturbed one), so such a reading is the host's hiccup, not what ranks get."""
+    beside them ran faster than the disturbed curve says (4x1 at 500 and 250 Mbit came 7-14%
+    over on it), so such a reading is the host's hiccup, not what ranks get."""
     return [k for k, procs in enumerate(reading.times, start=1)
             if (its := [t for p in procs for t in p]) and max(its) > ratio * statistics.median(its)]
 
