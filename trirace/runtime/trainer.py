@@ -34,10 +34,10 @@ from .comms import CommLog, Handle
 from .engine import BatchFn, Engine, StepRecord
 from .evaluate import Evaluator
 from .groups import Groups, control_communicator, make_groups
+from .hostcpu import host_cpu_s, shares
 from .probe import detect_topology, probe_links
 from .profile import profile_layers
 from .stage import StageModel
-from .hostcpu import host_cpu_s, shares
 from .wakeups import others_wakeups
 
 
@@ -258,7 +258,7 @@ class _StepMetrics:
         self.last_cpu = (0.0, 0.0)
         self.engine_tid, self.last_wakeups = 0, None
         # the reporter's host: where its cores' time went in each step (runtime/hostcpu.py)
-        self.last_host, self.host_share = host_cpu_s() if report is not None else None, {}
+        self.last_host, self.host_share = None, {}
 
     def start(self, t: float) -> None:
         """Training starts now (on the thread that runs the engine): the first step's window
