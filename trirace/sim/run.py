@@ -197,11 +197,12 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     # barriers, and under 2bw's one-step delay a policy that defers work alternates long and
     # short steps (stop 42: trirace at 1x4 @ 50 Mbit, 0.278 / 0.176 s about a link bound of
     # 0.227 s). The median step, or the mean of an odd count, can then beat the bound that
-    # the run's throughput obeys; an even count of steps holds whole pairs.
+    # the run's throughput obeys; an even count of steps holds whole pairs. Exposed time and
+    # CPU per step are taken over the same steps, so they describe the step time beside them.
     pairs = range(kept.start + len(kept) % 2, kept.stop) if len(kept) > 1 else kept
     it = statistics.median(statistics.fmean(step_times(sim)[t] for t in pairs) for sim in sims)
     exposed = {k: statistics.fmean(sim.stats[(r.stage, r.replica, t)].exposed[k]
-                                   for sim in sims for r in sim.ranks for t in kept)
+                                   for sim in sims for r in sim.ranks for t in pairs)
                for k in ("p2p", "allreduce", "sparse")}
     bound = _bound(cfg, plan, cluster, stages, table_sent(cfg, plan, rows), tie_bytes)
     versions = sched.staleness + 1
@@ -219,18 +220,18 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
                      exposed, step_times(sims[0]), mem, in_flight, hier, sizes, layout.order,
                      chunk / 2**20 if chunk else None, methods[0] if methods else None, compute.source,
                      len(sims[0].ranks), len(sims), sum(sim.events_run for sim in sims), time.perf_counter() - wall0,
-                     _cpu_per_step(sims, cfg.pp - 1, kept))
+                     _cpu_per_step(sims, cfg.pp - 1, pairs))
 
 
-def _cpu_per_step(sims: list[Simulation], last: int, kept: range) -> dict[str, float]:
-    """CPU seconds per step of the steady window, by kind, the mean over the simulated runs:
+def _cpu_per_step(sims: list[Simulation], last: int, steps: range) -> dict[str, float]:
+    """CPU seconds per step over `steps`, by kind, the mean over the simulated runs:
     the shared cores' use between the ends of the steps before and at the window's edges
     (none where no cores are shared: the network counts only resources with a load curve)."""
     def at(sim: Simulation, step: int) -> dict[str, float]:
         return sim.stats[(last, 0, step)].cpu_total_s if step >= 0 else {}
-    n = len(kept)
-    kinds = {k for sim in sims for k in at(sim, kept[-1])}
-    return {k: statistics.fmean((at(sim, kept[-1]).get(k, 0.0) - at(sim, kept[0] - 1).get(k, 0.0)) / n
+    n = len(steps)
+    kinds = {k for sim in sims for k in at(sim, steps[-1])}
+    return {k: statistics.fmean((at(sim, steps[-1]).get(k, 0.0) - at(sim, steps[0] - 1).get(k, 0.0)) / n
                                 for sim in sims) for k in sorted(kinds)}
 
 
