@@ -100,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             measured = side_by_side.run(cfg, c, POLICIES, args.rounds)
             after, copy_after = compute_now(cfg, cal.threads), copy_rate()
             # the shared cores as the cell left them, beside the calibration's wake-ups
-            contention, refused = steady_contention(cfg, cal.threads, 6.0, cal.comm_wakeups_hz,
-                                                    lambda w: print(f"after the cell: {w}", file=sys.stderr))
+            contention, refused = steady_contention(
+                cfg, cal.threads, wake_hz=cal.comm_wakeups_hz,
+                say=lambda w: print(f"after the cell: {w}", file=sys.stderr))
             cell = {"name": matrix.cell_name(c), "cluster": [c.nodes, c.ranks_per_node, c.link],
                     "config": measured["config"], "calibration": calibrations[c.link],
                     "compute_s": [before, after], "copy_bytes_per_s": [copy_before, copy_after],

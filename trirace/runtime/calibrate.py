@@ -242,7 +242,8 @@ torch.set_num_threads(threads)
 torch.manual_seed(0)
 waker, woke = Waker(wake_hz).__enter__(), time.time()  # the job's communication threads' wake-ups, throughout
 step = model_step(cfg)
-step()
+for _ in range(int(sys.argv[7])):  # a fresh process's first steps run slow: ready only after them
+    step()
 open(out + ".ready", "w").close()
 while not os.path.exists(go):  # keep computing until every copy is ready
     step()
@@ -272,8 +273,18 @@ class Contention:
     times: list[list[list[float]]] = field(default_factory=list)
 
 
-def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float = 6.0,
-                   timeout_s: float = 300, wake_hz: float = 0.0) -> Contention:
+CONTENTION_WINDOW_S = 6.0  # one contention reading's window per k, unless a caller says otherwise
+# Steps each contention process takes before it says it is ready. With one, 30 of the 36
+# iterations over 1.75x their median in the kept calibrations up to stop 43 were a window's
+# first or second, when each process had lived two or three steps. A young process still
+# touches memory for the first time, and on this VM a first touch costs 1.2-2.7 s per GB
+# against 0.1-0.2 to touch it again (the balloon hands freed pages back to the host). A
+# running job's ranks have touched theirs by their steady steps; the window should too.
+WARM_STEPS = 3
+
+
+def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float = CONTENTION_WINDOW_S,
+                   timeout_s: float = 300, wake_hz: float = 0.0, warm_steps: int = WARM_STEPS) -> Contention:
     """Run k processes computing the model at once (each with `threads` threads), for
     k = 1..workers. Throughput: the sum over the k of best / mean iteration time, where best
     is one process's fastest alone. The per-layer times are fastest-of-a-few too, so the
@@ -291,7 +302,8 @@ def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float 
             files = [Path(tmp) / f"k{k}-{i}.json" for i in range(k)]
             go = Path(tmp) / f"go{k}"
             procs = [subprocess.Popen(["timeout", "-k", "5", str(timeout_s), sys.executable, "-c", _CONTEND, str(job),
-                                       str(threads), str(go), str(seconds), str(f), str(wake_hz)]) for f in files]
+                                       str(threads), str(go), str(seconds), str(f), str(wake_hz), str(warm_steps)])
+                     for f in files]
             deadline = time.time() + timeout_s
             while not all(Path(f"{f}.ready").exists() for f in files):
                 if time.time() > deadline or any(p.poll() is not None for p in procs):
@@ -684,8 +696,8 @@ def refusal(reading: Contention, cores: int) -> str:
     return ""
 
 
-def steady_contention(cfg: TrainConfig, threads: int, seconds: float, wake_hz: float,
-                      say=lambda what: None) -> tuple[Contention, list[dict]]:
+def steady_contention(cfg: TrainConfig, threads: int, seconds: float = CONTENTION_WINDOW_S,
+                      wake_hz: float = 0.0, say=lambda what: None) -> tuple[Contention, list[dict]]:
     """cpu_contention for the job's ranks; a reading `refusal` turns down is read once more,
     and that one stands. Returns the reading and the refused ones, with why, for the file."""
     reading, refused = cpu_contention(cfg, cfg.world_size, threads, seconds=seconds, wake_hz=wake_hz), []
