@@ -609,6 +609,18 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     assert "| 2x1 @ 100mbit | 0.210 / 0.200 / 0.250 | 6.0 / 5.0 / 4.0 |" in md
 
 
+def test_one_cell_s_layout_is_checked_before_anything_is_measured(tmp_path, capsys):
+    from trirace.bench import sim_accuracy
+    with pytest.raises(SystemExit):
+        sim_accuracy.main(["--layout", "2by2", "--out", str(tmp_path)])
+    assert "want NODESxRANKS" in capsys.readouterr().err
+    # 3 ranks for a 4-rank job: a one-line error (the testbed's own, where it cannot start here)
+    with pytest.raises(SystemExit):
+        sim_accuracy.main(["--layout", "3x1", "--out", str(tmp_path)])
+    assert "error: " in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "accuracy.json").exists()
+
+
 def test_a_measured_median_s_interval_narrows_with_more_steps_and_judges_a_miss():
     from trirace.bench.sim_accuracy import consistent, median_interval
 

@@ -2,7 +2,8 @@
 link rate, measure every policy with `trirace bench`, simulate the same configuration,
 and report predicted against measured step time, and exposed time per kind, per policy.
 
-    python -m trirace.bench.sim_accuracy [--link 250mbit]     one cell, 4x1 (root)
+    python -m trirace.bench.sim_accuracy [--link 250mbit] [--layout 4x1]
+                                              one cell (root)
     python -m trirace.bench.sim_accuracy --matrix             the bench matrix's 8 cells
     python -m trirace.bench.sim_accuracy --resimulate DIR/accuracy.json
                                               predict again from the saved measurements
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import shutil
 import statistics
 import sys
@@ -45,6 +47,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..config import TrainConfig, make_config
+from ..errors import UsageError
 from ..runtime import allocator
 from ..runtime.calibrate import compute_now, copy_rate, profile, steady_contention
 from ..sim.calibration import Calibration, load_calibration
@@ -58,7 +61,9 @@ TARGET = 0.05  # |predicted - measured| / measured, the issue's goal
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--link", default="250mbit", help="the one cell's rate (4x1); ignored with --matrix")
+    ap.add_argument("--link", default="250mbit", help="the one cell's rate; ignored with --matrix")
+    ap.add_argument("--layout", default="4x1", metavar="NODESxRANKS",
+                    help="the one cell's nodes x ranks per node; ignored with --matrix")
     ap.add_argument("--matrix", action="store_true", help="every cell of trirace bench --matrix")
     ap.add_argument("--resimulate", metavar="JSON", help="predict again from a saved accuracy.json")
     ap.add_argument("--rounds", type=int, default=3)
@@ -82,9 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         allocator.use()  # the runs' allocator for the calibration and compute_now too (they time in this process)
         cfg = make_config({"steps": args.steps})
-        cells = matrix.cells() if args.matrix else [side_by_side.Cluster(4, 1, args.link)]
+        if not args.matrix and not re.fullmatch(r"[1-9]\d*x[1-9]\d*", args.layout):
+            ap.error(f"--layout {args.layout!r}: want NODESxRANKS, like 4x1 or 2x2")
+        nodes, per_node = map(int, args.layout.split("x"))
+        cells = matrix.cells() if args.matrix else [side_by_side.Cluster(nodes, per_node, args.link)]
         for c in cells:
-            side_by_side.check(cfg, c)
+            try:
+                side_by_side.check(cfg, c)
+            except UsageError as e:
+                ap.error(str(e))
         payload = {"rounds": args.rounds, "steps": args.steps, "cells": []}
         calibrations: dict[str, str] = {}
         for i, c in enumerate(cells):
