@@ -1,6 +1,6 @@
 """The 2x2 cells of the installed matrix predicted with and without the calibrated send
 buffer, beside the measured step and exposed P2P (stop 43). Run from the repository root."""
-import json, statistics, sys
+import json
 from dataclasses import replace
 from pathlib import Path
 from trirace.bench.sim_accuracy import cell_job
