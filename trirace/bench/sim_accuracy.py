@@ -59,10 +59,17 @@ POLICIES = ("blocking", "fifo", "priority", "trirace")
 TARGET = 0.05  # |predicted - measured| / measured, the issue's goal
 
 
+def _layout(text: str) -> tuple[int, int]:
+    """--layout's NODESxRANKS: (nodes, ranks per node)."""
+    if not (m := re.fullmatch(r"([1-9]\d*)x([1-9]\d*)", text)):
+        raise argparse.ArgumentTypeError(f"{text!r}: want NODESxRANKS, like 4x1 or 2x2")
+    return int(m[1]), int(m[2])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--link", default="250mbit", help="the one cell's rate; ignored with --matrix")
-    ap.add_argument("--layout", default="4x1", metavar="NODESxRANKS",
+    ap.add_argument("--layout", type=_layout, default="4x1", metavar="NODESxRANKS",
                     help="the one cell's nodes x ranks per node; ignored with --matrix")
     ap.add_argument("--matrix", action="store_true", help="every cell of trirace bench --matrix")
     ap.add_argument("--resimulate", metavar="JSON", help="predict again from a saved accuracy.json")
@@ -87,10 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         allocator.use()  # the runs' allocator for the calibration and compute_now too (they time in this process)
         cfg = make_config({"steps": args.steps})
-        if not args.matrix and not re.fullmatch(r"[1-9]\d*x[1-9]\d*", args.layout):
-            ap.error(f"--layout {args.layout!r}: want NODESxRANKS, like 4x1 or 2x2")
-        nodes, per_node = map(int, args.layout.split("x"))
-        cells = matrix.cells() if args.matrix else [side_by_side.Cluster(nodes, per_node, args.link)]
+        cells = matrix.cells() if args.matrix else [side_by_side.Cluster(*args.layout, args.link)]
         for c in cells:
             try:
                 side_by_side.check(cfg, c)
