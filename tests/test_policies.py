@@ -144,3 +144,6 @@ def test_timeline(tmp_path):
     assert starts and {e["id"] for e in starts} == {e["id"] for e in ends}
     compute = {(e["pid"], e["name"]) for e in spans if e["tid"] == 0}
     assert (1, "F0") in compute and (0, "OPT2") in compute
+    # each computation says what CPU its thread used: some, and no more than its wall time
+    cpu = [(e["args"]["cpu_s"], e["dur"] / 1e6) for e in spans if e["tid"] == 0]
+    assert all(0 < c <= d + 1e-3 for c, d in cpu), cpu

@@ -26,7 +26,9 @@ from trirace.plan import Layout, build_schedule
 from trirace.plan.bounds import steady_steps
 from trirace.plan.topology import Link, Topology
 from trirace.runtime.calibrate import (Contention, compute_now, copy_rate, cpu_contention, layer_times, link_queue,
-                                      link_share, per_byte_beside, plausible, probe_pair, refusal, stalled)
+                                      link_share, optimizer_time, per_byte_beside, plausible, probe_pair, refusal,
+                                      stalled, step_gradients)
+from trirace.runtime.trainer import batch_fn, sampler_for
 from trirace.sim import report
 from trirace.sim.calibration import Calibration, load_calibration
 from trirace.sim.cluster import PRESET_FILE, PRESETS, load_cluster
@@ -283,6 +285,22 @@ def test_a_bytes_cost_is_read_against_the_quiet_windows_on_both_sides():
     holed = [[0.80, 0.72, None, 0.76, 0.88], [0.80, 0.72, 0.84, 0.76, 0.88]]
     assert per_byte_beside(_windows(holed, 100e6, 0.0), 0.0) == []
     assert per_byte_beside(_windows([[0.8, 0.8, 0.8]] * 2, 100e6, 1000.0), 50e-6) == [0.0]
+
+
+def test_the_optimizer_is_timed_on_a_real_steps_gradients():
+    # OPT is timed on what a replica's first step leaves (all-zero gradients cost Adam
+    # half as much again here, stop 44): every layer's gradient is there, and the token
+    # table's is non-zero on exactly the rows that step's micro-batches touched
+    cfg = make_config({"model": "gpt-test", "pp": 1, "dp": 2, "micro_batches": 3, "data": "synthetic"})
+    layers, grads = step_gradients(cfg)
+    assert len(grads) == sum(1 for layer in layers for _ in layer.parameters())
+    assert all(g is not None and g.abs().sum() > 0 for g in grads)
+    sample = batch_fn(cfg, sampler_for(cfg))
+    touched = torch.unique(torch.cat([sample(0, i)[0].reshape(-1) for i in range(cfg.micro_batches)]))
+    table = grads[0]
+    assert table.shape[0] == cfg.spec.vocab_size
+    assert torch.equal(torch.nonzero(table.abs().sum(dim=1)).flatten(), touched)
+    assert 0 < optimizer_time(cfg) < 1e-6  # seconds per parameter: real, and not absurd
 
 
 def test_profile_measures_what_ranks_sharing_cores_cost_each_other():

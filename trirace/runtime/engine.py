@@ -180,7 +180,8 @@ class Engine:
             if self.device.type == "cuda":  # kernels run asynchronously: time them, not their launch
                 torch.cuda.synchronize(self.device)
             t1, c1 = time.perf_counter(), time.thread_time()
-            self.rec.span("compute", str(a), t0, t1)
+            # the thread's CPU beside the wall time: on shared cores the gap is the contention
+            self.rec.span("compute", str(a), t0, t1, cpu_s=round(c1 - c0, 6))
             step = self.sched.step_of_action(a)
             rec = self._record(step)
             rec.compute_s += t1 - t0
