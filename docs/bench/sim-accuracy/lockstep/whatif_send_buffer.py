@@ -1,4 +1,4 @@
-"""The 2x2 cells of the installed matrix predicted with and without the calibrated send
+"""The 2x2 cells of 16dfd1f's matrix predicted with and without the calibrated send
 buffer, beside the measured step and exposed P2P (stop 43). Run from the repository root."""
 import json
 from dataclasses import replace
@@ -7,7 +7,7 @@ from trirace.bench.sim_accuracy import cell_job
 from trirace.sim.calibration import load_calibration
 from trirace.sim.cluster import load_cluster
 from trirace.sim.run import simulate
-D = Path("docs/bench/sim-accuracy")
+D = Path("docs/bench/sim-accuracy/16dfd1f")  # the matrix installed at stop 43
 d = json.loads((D / "accuracy.json").read_text())
 for c in d["cells"]:
     if not c["name"].startswith("2x2"): continue
