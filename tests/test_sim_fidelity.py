@@ -300,6 +300,9 @@ def test_the_optimizer_is_timed_on_a_real_steps_gradients():
     table = grads[0]
     assert table.shape[0] == cfg.spec.vocab_size
     assert torch.equal(torch.nonzero(table.abs().sum(dim=1)).flatten(), touched)
+    _, grads = step_gradients(cfg, most=2)  # a long step is cut at `most` micro-batches
+    touched = torch.unique(torch.cat([sample(0, i)[0].reshape(-1) for i in range(2)]))
+    assert torch.equal(torch.nonzero(grads[0].abs().sum(dim=1)).flatten(), touched)
     assert 0 < optimizer_time(cfg) < 1e-6  # seconds per parameter: real, and not absurd
 
 

@@ -64,12 +64,13 @@ def _passes(cfg: TrainConfig, reps: int) -> tuple[list[float], list[float]]:
     return pass_times(cfg.spec, inputs, targets, cfg.seed, reps)
 
 
-def step_gradients(cfg: TrainConfig) -> tuple[list[torch.nn.Module], list[torch.Tensor]]:
+def step_gradients(cfg: TrainConfig, most: int = 4) -> tuple[list[torch.nn.Module], list[torch.Tensor]]:
     """The model's layers and each parameter's gradient after one replica's first step
-    (its m micro-batches), as the runtime accumulates them."""
+    (its m micro-batches, at most `most`: a profile's time stays bounded, and where m is
+    larger OPT is a smaller share of the step), as the runtime accumulates them."""
     layers = build_layers(cfg.spec, cfg.seed)
     sample, loss = batch_fn(cfg, sampler_for(cfg)), loss_of(cfg.spec)
-    for i in range(cfg.micro_batches):
+    for i in range(min(cfg.micro_batches, most)):
         h, targets = sample(0, i)
         for layer in layers:
             h = layer(h)
