@@ -91,7 +91,10 @@ def test_metrics_report_exposed_communication(pp2dp2):
         # where the reporter's host spent its cores' time in each step, all of it accounted
         shares = [r["host_cpu_share"] for r in rows if r["host_cpu_share"] is not None]
         assert len(shares) >= (len(rows) // 2 if Path("/proc/stat").exists() else 0)  # (None: no tick passed)
-        assert all(sum(s.values()) == pytest.approx(1.0) and s["user"] > 0 for s in shares)
+        assert all(sum(s.values()) == pytest.approx(1.0) for s in shares)
+        # a 50 ms step spans a few 10 ms ticks, which may all land in system or idle time
+        # (stop 44's CI saw one); over the run, the ranks computed
+        assert not shares or sum(s["user"] for s in shares) > 0
     blocking = res[0]
     assert sum(r["exposed_allreduce_s"] for r in blocking) > 0  # blocking waits for every reduction
 
