@@ -8,7 +8,9 @@ JSON, so it can be read, diffed and edited:
   compute_draws_s                    each draw's forward + backward, for the record (the host drifts)
   copy_draws_bytes_per_s             beside each draw, bytes per second one process copies a
                                      64 MiB buffer (the host's memory bandwidth), for the record
-  optimizer_s_per_param              the optimizer step over the measured parameters
+  optimizer_s_per_param              OPT per parameter, as the runtime runs it: the optimizer's
+                                     step on a real step's gradients (files before stop 44:
+                                     on all-zero gradients, ~1.2x), publishing, zeroing
   cluster                            the cluster preset it describes (it applies to no other)
   links                              {"intra"|"inter": {"bits_per_s", "latency_s"}} measured
   rows_touched                       {tokens per replica step: token-table rows touched}, the
