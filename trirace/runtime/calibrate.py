@@ -64,6 +64,14 @@ def _passes(cfg: TrainConfig, reps: int) -> tuple[list[float], list[float]]:
     return pass_times(cfg.spec, inputs, targets, cfg.seed, reps)
 
 
+def _forward_backward(layers: list[torch.nn.Module], loss, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    """`inputs` through every layer and the loss, and back: each gradient accumulates."""
+    h = inputs
+    for layer in layers:
+        h = layer(h)
+    loss(h, targets).backward()
+
+
 def step_gradients(cfg: TrainConfig, most: int = 4) -> tuple[list[torch.nn.Module], list[torch.Tensor]]:
     """The model's layers and each parameter's gradient after one replica's first step
     (its m micro-batches, at most `most`: a profile's time stays bounded, and where m is
@@ -71,10 +79,7 @@ def step_gradients(cfg: TrainConfig, most: int = 4) -> tuple[list[torch.nn.Modul
     layers = build_layers(cfg.spec, cfg.seed)
     sample, loss = batch_fn(cfg, sampler_for(cfg)), loss_of(cfg.spec)
     for i in range(min(cfg.micro_batches, most)):
-        h, targets = sample(0, i)
-        for layer in layers:
-            h = layer(h)
-        loss(h, targets).backward()
+        _forward_backward(layers, loss, *sample(0, i))
     return layers, [p.grad for layer in layers for p in layer.parameters()]
 
 
@@ -250,13 +255,7 @@ def model_step(cfg: TrainConfig):
     layers = build_layers(cfg.spec, cfg.seed)
     x = torch.randint(0, cfg.spec.vocab_size, (cfg.micro_batch_size, cfg.tokens_seq))
     loss = loss_of(cfg.spec)
-
-    def step() -> None:
-        h = x
-        for layer in layers:
-            h = layer(h)
-        loss(h, x).backward()
-    return step
+    return lambda: _forward_backward(layers, loss, x, x)
 
 
 _CONTEND = r"""
