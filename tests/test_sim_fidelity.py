@@ -642,6 +642,18 @@ def test_one_cell_s_layout_is_checked_before_anything_is_measured(tmp_path, caps
     assert not (tmp_path / "accuracy.json").exists()
 
 
+def test_the_matrix_measures_each_rate_s_cells_next_to_its_calibration():
+    from trirace.bench import matrix
+    from trirace.bench.sim_accuracy import by_rate
+
+    order = by_rate(matrix.cells())
+    assert sorted(map(matrix.cell_name, order)) == sorted(map(matrix.cell_name, matrix.cells()))
+    rates = [c.link for c in order]
+    assert rates == [r for r in matrix.RATES for _ in matrix.SHAPES]  # one rate at a time
+    firsts = [(c.nodes, c.ranks_per_node) for c in order[::len(matrix.SHAPES)]]
+    assert firsts[0] != firsts[1] and firsts[0] == firsts[2]  # neither layout always goes first
+
+
 def test_a_measured_median_s_interval_narrows_with_more_steps_and_judges_a_miss():
     from trirace.bench.sim_accuracy import consistent, median_interval
 
