@@ -143,8 +143,8 @@ def by_rate(cells: list[side_by_side.Cluster]) -> list[side_by_side.Cluster]:
     """The cells in the order to measure them: each rate's right after its calibration, the
     layouts alternating which goes first from one rate to the next, so neither layout's
     cells are always the older. In the bench's order (every 4x1 cell, then every 2x2 one)
-    the 2x2 cells ran 45-75 minutes after their calibrations and the 4x1 ones 5-20; the host
-    drifts over that (stop 45)."""
+    each 2x2 cell ran 20-50 minutes after its calibration and each 4x1 one right after;
+    the host drifts over that (stop 45)."""
     rates = list(dict.fromkeys(c.link for c in cells))
     out = []
     for i, rate in enumerate(rates):
