@@ -1,10 +1,9 @@
 """k copies of the model step at once, as the contention probe runs them (one thread each): per-iteration wall and thread CPU. Diagnostic, stop 45: where the probe's k=4 loss goes.
     MALLOC_ARENA_MAX=2 python docs/bench/sim-accuracy/lockstep/probe_cpu.py"""
-import json, os, subprocess, sys, time, statistics
+import json, subprocess, sys, time, statistics
 CHILD = r'''
 import json, sys, time, torch
 from trirace.config import make_config
-from trirace.runtime import allocator
 from trirace.runtime.calibrate import model_step
 torch.set_num_threads(1)
 step = model_step(make_config({}))
