@@ -312,6 +312,10 @@ def test_profile_measures_layers_and_loopback(tmp_path, capfd):
     # measured beside the job's wake-ups, counted in a short real run of it (gloo wakes per
     # message: hundreds a second, not a CPU figure's 0.5)
     assert not Path("/proc/self/task").is_dir() or 10 < cal.comm_wakeups_hz < 1e5
+    # and what its ranks' computation cost in CPU per work alone (near 1: their thread CPU
+    # against the layers timed alone around it), and the curve from the probe's thread CPU
+    assert set(cal.job_cpu_per_work) == {"1x2"} and 0.5 < cal.job_cpu_per_work["1x2"] < 2.0  # on loopback: one node
+    assert len(cal.cpu_throughput_thread) == 2 and all(len(r["cpu_throughput_thread"]) == 2 for r in cal.probe_rounds)
     # a byte's cost beside computation (what the simulator charges: a message's, and an
     # all-reduce chunk's in the replicas' groups) and alone (the record)
     assert set(cal.transfer_cpu["intra"]) == {"per_message_s", "per_byte_s", "per_byte_idle_s", "per_byte_collective_s"}

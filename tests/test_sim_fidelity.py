@@ -27,7 +27,7 @@ from trirace.plan.bounds import steady_steps
 from trirace.plan.topology import Link, Topology
 from trirace.runtime.calibrate import (Contention, compute_now, copy_rate, cpu_contention, layer_times, link_queue,
                                       link_share, optimizer_time, per_byte_beside, plausible, probe_pair, refusal,
-                                      stalled, step_gradients)
+                                      stalled, step_gradients, step_work_s, thread_curve_point)
 from trirace.runtime.trainer import batch_fn, sampler_for
 from trirace.sim import report
 from trirace.sim.calibration import Calibration, load_calibration
@@ -136,20 +136,29 @@ def test_calibration_without_host_figures_still_loads_and_bad_ones_are_refused(t
     assert old.cpu_throughput == [] and old.sparse_local_s == 0.0
     data["cpu_throughput"] = [1.0, -2.0]
     (tmp_path / "bad.json").write_text(json.dumps(data))
-    with pytest.raises(UsageError, match="cpu_throughput must be positive"):
+    with pytest.raises(UsageError, match="cpu_throughput and cpu_throughput_thread must be positive"):
         load_calibration(tmp_path / "bad.json")
     data["cpu_throughput"], data["compute_spread"] = [1.0, 1.8], [0.1, -0.1]
     (tmp_path / "bad.json").write_text(json.dumps(data))
-    with pytest.raises(UsageError, match="compute_spread, comm_wakeups_hz and sparse_local_s non-negative"):
+    with pytest.raises(UsageError, match="compute_spread, comm_wakeups_hz, sparse_local_s and job_cpu_per_work non-negative"):
         load_calibration(tmp_path / "bad.json")
     data["compute_spread"], data["comm_wakeups_hz"] = [0.1], -5.0
     (tmp_path / "bad.json").write_text(json.dumps(data))
-    with pytest.raises(UsageError, match="sparse_local_s non-negative"):
+    with pytest.raises(UsageError, match="sparse_local_s and job_cpu_per_work non-negative"):
         load_calibration(tmp_path / "bad.json")
     data["comm_wakeups_hz"], data["sparse_local_s"] = 0.0, float("nan")
     (tmp_path / "bad.json").write_text(json.dumps(data))
-    with pytest.raises(UsageError, match="sparse_local_s non-negative"):
+    with pytest.raises(UsageError, match="sparse_local_s and job_cpu_per_work non-negative"):
         load_calibration(tmp_path / "bad.json")
+    data["sparse_local_s"], data["job_cpu_per_work"] = 0.0, {"4x1": -1.0}
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="job_cpu_per_work non-negative"):
+        load_calibration(tmp_path / "bad.json")
+    data["job_cpu_per_work"], data["cpu_throughput_thread"] = {}, [1.0, 0.0]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="cpu_throughput_thread must be positive"):
+        load_calibration(tmp_path / "bad.json")
+    data["cpu_throughput_thread"] = []
     data["sparse_local_s"], data["link_share"] = 0.0, {"inter": 0.3}
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(UsageError, match="link_share must be between 0.5 and 1"):
@@ -255,6 +264,62 @@ def test_a_contention_reading_with_a_stalled_iteration_is_refused():
     assert "more than k cores" in refusal(busy, cores=2)
 
 
+def test_the_short_runs_take_every_layout_the_testbed_can_give_the_job():
+    from trirace.runtime.calibrate import testbed_layouts
+
+    assert testbed_layouts(4, "100mbit") == [(4, 1), (2, 2)]  # one rank a node first: it counts the wake-ups
+    assert testbed_layouts(6, "1gbit") == [(6, 1), (3, 2), (2, 3)]
+    assert testbed_layouts(2, "1gbit") == [(2, 1)] and testbed_layouts(4, None) == [(1, 4)]
+
+
+def test_the_thread_curve_charges_only_the_cpu_each_iteration_took():
+    # one process alone at its best: the unit
+    assert thread_curve_point(0.1, [[0.1, 0.1]], cores=2) == pytest.approx(1.0)
+    # four on two cores, each iteration 10% more CPU: the cores' two seconds a second, at 1/1.1
+    assert thread_curve_point(0.1, [[0.11, 0.11]] * 4, cores=2) == pytest.approx(2 / 1.1)
+    # two on two cores, one slowed: each process's own rate, summed
+    assert thread_curve_point(0.1, [[0.1], [0.2]], cores=2) == pytest.approx(1.5)
+
+
+def test_a_short_run_s_work_is_what_the_simulator_charges_its_computation_on_ideal_cores():
+    # step_work_s turns a short run's CPU into CPU per work; its work must be the simulator's,
+    # whatever the layout and partition and with the tied table in two stages
+    for tie, (nodes, rpn), partition in ((False, (4, 1), [4, 3]), (True, (2, 2), [5, 2])):
+        cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 2, "micro_batches": 3, "data": "synthetic",
+                           "tie_embeddings": tie, "partition": partition})
+        n = len(layer_param_numels(cfg.spec))
+        cal = Calibration(cfg.model, cfg.micro_batch_size, cfg.tokens_seq, 1, [0.01 * (i + 1) for i in range(n)],
+                          [0.02] * n, 3e-9, "testbed")
+        got = simulate(cfg, load_cluster("testbed", nodes, rpn, "100mbit"), "fifo", cal).cpu_s_per_step["compute"]
+        assert got == pytest.approx(step_work_s(cfg, cal.iteration_s, cal.optimizer_s_per_param), rel=1e-9)
+    assert step_work_s(cfg, 0.5, 0.0) == pytest.approx(2 * 3 * 0.5)  # no optimizer: every micro-batch of both replicas
+
+
+def test_the_report_predicts_the_other_core_models_from_the_calibration_alone():
+    from trirace.bench.sim_accuracy import ALTERNATIVES, alternative_rows, alternatives
+
+    cal = Calibration("gpt-test", 2, 64, 1, [0.01] * 7, [0.02] * 7, 1e-9, "testbed", cpu_throughput=[0.95, 1.8, 1.75, 1.7])
+    assert alternatives(cal, 2, "2x2") == {}  # a file from before stop 46 measured neither
+    cal = replace(cal, job_cpu_per_work={"4x1": 1.1, "2x2": 1.04}, cpu_throughput_thread=[0.97, 1.9, 1.85, 1.8])
+    got = alternatives(cal, 2, "2x2")  # the short run on the cell's own layout
+    assert set(got) == set(ALTERNATIVES)
+    assert got["job_cpu"].cpu_throughput == pytest.approx([1 / 1.04, 2 / 1.04, 2 / 1.04, 2 / 1.04])
+    assert got["thread_curve"].cpu_throughput == [0.97, 1.9, 1.85, 1.8]
+    assert alternatives(cal, None, "2x2") == {}  # a cluster whose ranks do not share cores has no curve to replace
+    assert set(alternatives(cal, 2, "1x4")) == {"thread_curve"}  # a layout the calibration did not run
+    # on a CPU-bound 2x2 the job's own 4% loses less than the curve's 15%: a faster step
+    cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 2, "micro_batch_size": 2, "seq_len": 64, "steps": 6,
+                       "data": "synthetic"})
+    cluster = load_cluster("testbed", 2, 2, "1gbit")
+    shipped = simulate(cfg, cluster, "fifo", cal).iteration_time_s
+    assert simulate(cfg, cluster, "fifo", got["job_cpu"]).iteration_time_s < 0.95 * shipped
+    payload = {"cells": [{"name": "2x2 @ 1gbit", "results": [{"policy": "fifo", "job_cpu_error": -0.031},
+                                                             {"policy": "trirace", "job_cpu_error": 0.052}]}]}
+    rows = alternative_rows(payload)
+    assert rows[-1] == "| 2x2 @ 1gbit | -3.1% +5.2% |" and ALTERNATIVES["job_cpu"] in rows[1]
+    assert alternative_rows({"cells": [{"name": "x", "results": [{"policy": "fifo"}]}]}) == []
+
+
 def test_the_memory_speed_is_read_by_one_thread_whatever_the_callers_count():
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -318,6 +383,10 @@ def test_profile_measures_what_ranks_sharing_cores_cost_each_other():
     assert len(got.spread) == 2 and all(0 <= cv < 1 for cv in got.spread)
     # each process's iterations kept in order: one process alone, then two
     assert [len(k) for k in got.times] == [1, 2] and all(t > 0 for k in got.times for p in k for t in p)
+    # the same readings from the computing threads' CPU: a thread's CPU is at most its wall
+    # (a little slack for the two clocks), so that curve is never much under the wall one
+    assert len(got.thread_throughput) == 2
+    assert all(0.97 * w <= c <= 2.2 for w, c in zip(curve, got.thread_throughput))
     now = compute_now(cfg, threads=1)  # the host's speed now, as the calibration measures it
     fwd, bwd, _ = layer_times(cfg)
     assert 0 < now < 10 * (sum(fwd) + sum(bwd)) + 1.0

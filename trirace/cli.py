@@ -392,7 +392,10 @@ def _profile(args: argparse.Namespace) -> int:
                   f"1..{len(cal.cpu_throughput)} ranks computing (the median of {len(cal.probe_rounds)} round(s))"
                   + (f" beside {cal.comm_wakeups_hz:.0f} wake-ups/s each (a rank's other threads', in the job)"
                      if cal.comm_wakeups_hz else "") + ", an iteration's time varying by "
-                  f"{' '.join(f'{x:.0%}' for x in cal.compute_spread)}; transfer CPU {costs}")
+                  f"{' '.join(f'{x:.0%}' for x in cal.compute_spread)}; transfer CPU {costs}"
+                  + ("; the job's own ranks computed at " + ", ".join(
+                      f"{v:.2f}x their work alone in CPU on {k}" for k, v in cal.job_cpu_per_work.items())
+                     if cal.job_cpu_per_work else ""))
     if cal.link_share:
         shared += "; of two activations leaving a node together the first gets " + ", ".join(
             f"{v:.0%} of the {k} link" for k, v in cal.link_share.items())

@@ -165,7 +165,8 @@ def predict(cell: dict, where: Path) -> list[dict]:
         pred = simulate(job, cluster, m["system"], cal)
         # the lockstep fold beside it: what simulating the replicas themselves changes
         folded = simulate(job, cluster, m["system"], cal, unfold=False)
-        row = {}
+        row = {f"{name}_error": simulate(job, cluster, m["system"], alt).iteration_time_s / m["step_time_s"] - 1
+               for name, alt in alternatives(cal, cluster.shared_cores, f"{nodes}x{rpn}").items()}
         if cell.get("compute_s"):  # (files from before stop 27 lack it)
             at_host, speed = at_host_speed(cal, statistics.mean(cell["compute_s"]), cell.get("contention_after"))
             row = {"host_compute": speed,
@@ -189,6 +190,30 @@ def predict(cell: dict, where: Path) -> list[dict]:
                      "measured_exposed_allreduce_s": m["exposed_allreduce_s"],
                      "predicted_exposed_allreduce_s": pred.exposed_comm_s["allreduce"] + pred.exposed_comm_s["sparse"]})
     return rows
+
+
+# Other models of the shared cores, predicted beside the shipped one from the same
+# calibration (stop 46): in every matrix the ranks' computation took 0.95-1.13x its work
+# alone in thread CPU where the contention curve, four copies of the whole model, charges
+# 1.07-1.15x; these say what charging the job's own figure would predict.
+ALTERNATIVES = {
+    "job_cpu": "computation at the short run's own CPU per work (the cores' time-slicing free)",
+    "thread_curve": "the contention curve from the probe's computing threads' CPU",
+}
+
+
+def alternatives(cal: Calibration, cores: int | None, layout: str) -> dict[str, Calibration]:
+    """`cal` under each of ALTERNATIVES that it measured for `layout` ("NxR"; files from
+    before stop 46 have none)."""
+    if not cores or not cal.cpu_throughput:
+        return {}
+    out = {}
+    if cal.job_cpu_per_work.get(layout, 0) > 0:
+        out["job_cpu"] = replace(cal, cpu_throughput=[min(k, cores) / cal.job_cpu_per_work[layout]
+                                                      for k in range(1, len(cal.cpu_throughput) + 1)])
+    if cal.cpu_throughput_thread:
+        out["thread_curve"] = replace(cal, cpu_throughput=list(cal.cpu_throughput_thread))
+    return out
 
 
 def median_interval(rounds: list[list[float]], draws: int = 2000, seed: int = 0) -> list[float]:
@@ -262,6 +287,10 @@ def markdown(payload: dict, where: Path) -> str:
     lines += ["", summary(errors), misses(payload), f"With the replicas folded into one per stage: {summary(folded)}"]
     if at_host:
         lines.append(f"With the host re-measured at each cell: {summary(at_host)}")
+    for name, what in ALTERNATIVES.items():
+        got = [abs(r[f"{name}_error"]) for c in payload["cells"] for r in c["results"] if f"{name}_error" in r]
+        if got:
+            lines.append(f"With {what}: {summary(got)}")
     if cpu_ratio:
         cpu_ratio.sort()
         lines.append(f"The simulated CPU per step over the measured (every thread of every rank): median "
@@ -269,8 +298,22 @@ def markdown(payload: dict, where: Path) -> str:
     if woke:
         lines.append("A rank's other threads (its communication) woke (per second, the ranks' mean, over the cells): " + "; ".join(
             f"{p} {min(v):.0f}-{max(v):.0f}" for p, v in woke.items()) + " (the calibrations' job: below)")
-    return "\n".join(lines + miss_reasons(payload, where) + ["", calibrations(payload, where)]
-                     + host_speed(payload, where))
+    return "\n".join(lines + miss_reasons(payload, where) + alternative_rows(payload)
+                     + ["", calibrations(payload, where)] + host_speed(payload, where))
+
+
+def alternative_rows(payload: dict) -> list[str]:
+    """Each cell's errors under each of ALTERNATIVES, in policy order, where it has them."""
+    names = [n for n in ALTERNATIVES if any(f"{n}_error" in r for c in payload["cells"] for r in c["results"])]
+    if not names:
+        return []
+    lines = ["", "| cell | " + " | ".join(f"error, {ALTERNATIVES[n]} ({', '.join(POLICIES)})" for n in names) + " |",
+             "|---|" + "---|" * len(names)]
+    for c in payload["cells"]:
+        lines.append(f"| {c['name']} | " + " | ".join(
+            " ".join(f"{100 * r[f'{n}_error']:+.1f}%" if f"{n}_error" in r else "-" for r in c["results"])
+            for n in names) + " |")
+    return lines
 
 
 def host_speed(payload: dict, where: Path) -> list[str]:
@@ -374,7 +417,9 @@ def calibrations(payload: dict, where: Path) -> str:
              "(x one rank's best) | an iteration's spread with 1..k at once | inter-node transfer CPU per message "
              "(ms) / per MB beside computation (ms): sent, all-reduced | loopback's per MB: sent, all-reduced (ms) "
              "| first of two activations' share of the uplink | queued ahead on a busy uplink (KiB) "
-             "| the job's wake-ups per rank per second, measured beside |", "|---|---|---|---|---|---|---|---|---|"]
+             "| the job's wake-ups per rank per second, measured beside "
+             "| the short run's computation: CPU per work alone | the curve from its threads' CPU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def per_mb(cost: dict) -> str:
         return " ".join(f"{1e9 * cost[k]:.2f}" for k in ("per_byte_s", "per_byte_collective_s") if k in cost) or "-"
@@ -389,7 +434,11 @@ def calibrations(payload: dict, where: Path) -> str:
                      f"{per_mb(cal.transfer_cpu.get('intra', {}))} | "
                      + (f"{cal.link_share['inter']:.2f} |" if "inter" in cal.link_share else "- |")
                      + (f" {cal.link_queue['inter'] / 1024:.0f} |" if "inter" in cal.link_queue else " - |")
-                     + (f" {cal.comm_wakeups_hz:.0f} |" if cal.comm_wakeups_hz else " - |"))
+                     + (f" {cal.comm_wakeups_hz:.0f} |" if cal.comm_wakeups_hz else " - |")
+                     + (f" {', '.join(f'{k} {v:.3f}' for k, v in cal.job_cpu_per_work.items())} |"
+                        if cal.job_cpu_per_work else " - |")
+                     + (f" {' '.join(f'{x:.2f}' for x in cal.cpu_throughput_thread)} |"
+                        if cal.cpu_throughput_thread else " - |"))
     return "\n".join(lines)
 
 

@@ -36,7 +36,7 @@ import torch
 from ..config import TrainConfig
 from ..errors import UsageError
 from ..models import build_layers
-from ..models.build import loss_of
+from ..models.build import layer_param_numels, loss_of
 from ..optim import make_optimizer, muon_matrices
 from ..sim.calibration import Calibration
 from . import allocator
@@ -277,13 +277,14 @@ while not os.path.exists(go):  # keep computing until every copy is ready
 start = float(open(go).read())
 while time.time() < start:
     step()
-times = []
+times, cpu = [], []
 while not times or time.time() < start + seconds:  # at least one step, however slow
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     step()
     times.append(time.perf_counter() - t0)
+    cpu.append(time.thread_time() - c0)
 waker.__exit__()
-json.dump({"mean": sum(times) / len(times), "best": min(times), "times": times,
+json.dump({"mean": sum(times) / len(times), "best": min(times), "times": times, "cpu": cpu,
            "wake_hz": waker.wakeups / (time.time() - woke)}, open(out, "w"))
 """
 
@@ -298,6 +299,10 @@ class Contention:
     # [k-1][process]: its iteration times in order, kept for the file: whether one process stays
     # slower than the others for a whole step, or each iteration draws afresh, is in them
     times: list[list[list[float]]] = field(default_factory=list)
+    # [k-1]: the same work per second, had the cores gone to the computing threads alone at
+    # the CPU each of their iterations took (`thread_curve`): the wall the curve loses beyond
+    # that is time-slicing's switches and the wakers' own CPU, not the computation's
+    thread_throughput: list[float] = field(default_factory=list)
 
 
 CONTENTION_WINDOW_S = 6.0  # one contention reading's window per k, unless a caller says otherwise
@@ -321,7 +326,7 @@ def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float 
     process is computing (a ready file each, then a go file). Beside each process's
     computation a thread wakes `wake_hz` times a second, as the job's communication threads
     do (comm_wakeups): each wake-up on a saturated core preempts computation."""
-    out, spread, woke, series = [], [], [], []
+    out, spread, woke, series, by_thread = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="trirace-contend-") as tmp:
         job = Path(tmp) / "cfg.json"
         job.write_text(json.dumps(cfg.model_dump(mode="json")))
@@ -345,11 +350,22 @@ def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float 
             if k == 1:
                 best = got[0]["best"]
             out.append(sum(best / g["mean"] for g in got))
+            by_thread.append(thread_curve_point(best, [g["cpu"] for g in got], os.cpu_count() or 1))
             times = [t for g in got for t in g["times"]]
             spread.append(statistics.pstdev(times) / statistics.fmean(times))
             woke.append(statistics.fmean(g["wake_hz"] for g in got))
             series.append([g["times"] for g in got])
-    return Contention(out, spread, woke, series)
+    return Contention(out, spread, woke, series, by_thread)
+
+
+def thread_curve_point(best: float, cpu: list[list[float]], cores: int) -> float:
+    """k processes' work per second (units of one's best iteration alone, `best`) if the
+    cores' min(k, cores) seconds a second went to their computing threads alone, each
+    iteration costing the thread CPU it took (`cpu`: per process, per iteration): each
+    process gets an equal share. What a k-process reading loses in CPU per iteration (caches
+    evicted, memory shared) stays in it; what it loses in wall beyond that does not."""
+    k = len(cpu)
+    return min(k, cores) / k * sum(best / statistics.fmean(c) for c in cpu)
 
 
 _BESIDE = r"""
@@ -526,30 +542,64 @@ def transfer_beside_compute(cfg: TrainConfig, threads: int, iteration_s: float, 
     return Beside(statistics.median(per_byte), per_byte, work)
 
 
-def comm_wakeups(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, steps: int = 8,
-                 timeout_s: float = 600) -> float:
+@dataclass(frozen=True)
+class ShortRun:
+    """What a short real run of the job showed about its ranks on these cores."""
+
+    wake_hz: float  # a rank's other threads' wake-ups per second (the ranks' mean)
+    compute_cpu_s: float  # the engine threads' CPU per steady step (F, B, OPT), all ranks
+
+
+# A fresh rank's first steps are not its steady ones: in stop 46's short runs at 100 Mbit
+# the ranks' computation took 1.3-1.7x its later CPU in steps 0-2 (pages touched the first
+# time, caches cold), so a short run skips four steps where a long one skips two.
+SHORT_RUN_STEPS, SHORT_RUN_SKIP = 14, 4
+
+
+def comm_wakeups(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, nodes: int | None = None,
+                 timeout_s: float = 600) -> ShortRun:
     """Wake-ups per second of a rank's other threads (communication: gloo's loops, the
     launcher, the waiters; with one intra-op thread per rank, as where ranks share cores,
-    nothing else) while the job trains: a short real run of `cfg` with one rank on each
-    testbed node at `link` (else on this host's loopback), each rank's median over its
-    steady steps, the mean over ranks. Its bytes and messages are the job's, so it wakes as
-    the job does: stop 34 measured gloo's loop waking once per 12 KB in a run and once per
-    40 KB in transfer_beside_compute's steady stream. One rank per node: a layout with
-    ranks sharing a node (2x2) wakes somewhat less (stop 34: 650-750 against 610-920 a second)."""
+    nothing else) while the job trains: a short real run of `cfg` on `nodes` testbed nodes
+    at `link` (default: one rank on each; else on this host's loopback), each rank's median
+    over its steady steps, the mean over ranks. Its bytes and messages are the job's, so it
+    wakes as the job does: stop 34 measured gloo's loop waking once per 12 KB in a run and
+    once per 40 KB in transfer_beside_compute's steady stream. A layout with ranks sharing a
+    node (2x2) wakes somewhat less (stop 34: 650-750 against 610-920 a second).
+    Beside it, the CPU the ranks' computation took per step (each rank's median, summed)."""
     from contextlib import nullcontext
 
     from .. import testbed
-    from ..plan.bounds import per_rank_median, steady_steps
+    from ..plan.bounds import DRAIN_STEPS, per_rank_median
     from .launch import run_local
 
-    held = testbed.held_job(cfg.world_size, 1, link, mtu) if link else nullcontext((None, None))
+    nodes = nodes or cfg.world_size
+    held = testbed.held_job(nodes, cfg.world_size // nodes, link, mtu) if link else nullcontext((None, None))
     with held as (tb, topo):
-        job = cfg.model_copy(update={"steps": steps, "topology": topo, "progress": False, "metrics_out": None,
-                                     "trace_out": None, "checkpoint_dir": None})
+        job = cfg.model_copy(update={"steps": SHORT_RUN_STEPS, "topology": topo, "progress": False,
+                                     "metrics_out": None, "trace_out": None, "checkpoint_dir": None})
         rows = run_local([job], timeout_s=timeout_s, rank_command=tb.rank_command if tb else None,
                          rank_env=tb.rank_env if tb else None, quiet=True)[0]  # not the profile's output
-    kept = steady_steps(len(rows))
-    return statistics.fmean(per_rank_median(rows[kept.start:kept.stop], "rank_wakeups", per_second=True))
+    kept = rows[SHORT_RUN_SKIP:len(rows) - DRAIN_STEPS]
+    return ShortRun(statistics.fmean(per_rank_median(kept, "rank_wakeups", per_second=True)),
+                    sum(per_rank_median(kept, "rank_compute_cpu_s")))
+
+
+def testbed_layouts(world: int, link: str | None) -> list[tuple[int, int]]:
+    """The (nodes, ranks per node) a job of `world` ranks can take on the testbed: across
+    a link, two nodes or more, one rank on each first; on loopback, one node."""
+    if link is None:
+        return [(1, world)]
+    return [(n, world // n) for n in range(world, 1, -1) if world % n == 0]
+
+
+def step_work_s(cfg: TrainConfig, iteration_s: float, optimizer_s_per_param: float) -> float:
+    """The computation one step of `cfg` asks of all its ranks together, in seconds alone:
+    every micro-batch of every replica through the whole model once, forward and backward
+    (`iteration_s`), and every replica's optimizer over the whole model. Whatever the
+    partition: the stages split the layers, not the work's sum."""
+    params = sum(sum(n) for n in layer_param_numels(cfg.spec))
+    return cfg.dp * (cfg.micro_batches * iteration_s + params * optimizer_s_per_param)
 
 
 def probe_pair(across_nodes: bool, link: str | None = None, mtu: int = 9000, timeout_s: float = 120) -> dict:
@@ -774,10 +824,15 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         probes["inter"] = probe_pair(True, link, mtu)
     links = {k: {"bits_per_s": v["bits_per_s"], "latency_s": v["latency_s"]} for k, v in probes.items()}
     shared = PRESETS[cluster].shared_cores if cluster in PRESETS else None
-    contention, cost, wake_hz, record = Contention([], []), {}, 0.0, []
+    contention, cost, wake_hz, job_cpu_per_work, record = Contention([], []), {}, 0.0, {}, []
     if shared:  # every rank on this host's cores: what they cost each other, beside the job's wake-ups
-        say("counting the job's wake-ups in a short run")
-        wake_hz = comm_wakeups(cfg, link, mtu)
+        for nodes, rpn in testbed_layouts(cfg.world_size, link):
+            say(f"a short run of the job on {nodes}x{rpn}: its wake-ups, its computation's CPU")
+            before = compute_now(cfg, threads)
+            run = comm_wakeups(cfg, link, mtu, nodes)
+            now = statistics.fmean([before, compute_now(cfg, threads)])  # the host's speed around the run
+            job_cpu_per_work[f"{nodes}x{rpn}"] = run.compute_cpu_s / step_work_s(cfg, now, draws[0][2])
+            wake_hz = wake_hz or run.wake_hz  # one rank a node: the most a rank wakes
         # a byte's cost where it matters, beside computation on saturated cores (and idle, for the record):
         # as P2P messages, and as the replicas' all-reduce chunks
         rates = {k: min(v["bits_per_s"] / 8, 64 * 2**20) for k, v in probes.items()}
@@ -804,11 +859,13 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
                     per_byte[k][name] = got.per_byte_s
                     seen[k][name] = {"per_window": got.per_window, "work_per_s": got.work_per_s}
             record.append({"cpu_throughput": readings[-1].throughput, "compute_spread": readings[-1].spread,
+                           "cpu_throughput_thread": readings[-1].thread_throughput,
                            "iteration_times": readings[-1].times, "transfer_cpu": per_byte, "transfer_windows": seen,
                            "refused": refused})
         contention = Contention(_median_curve([c.throughput for c in readings]),
                                 _median_curve([c.spread for c in readings]),
-                                [min(c.wake_hz[i] for c in readings) for i in range(cfg.world_size)])
+                                [min(c.wake_hz[i] for c in readings) for i in range(cfg.world_size)],
+                                thread_throughput=_median_curve([c.thread_throughput for c in readings]))
         if wake_hz and min(contention.wake_hz) < 0.8 * wake_hz:  # a Python thread needs the GIL to wake
             say(f"warning: the contention probe's wakers woke {min(contention.wake_hz):.0f} times a second, "
                 f"short of the job's {wake_hz:.0f}")
@@ -838,4 +895,5 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
                        cpu_throughput=contention.throughput, compute_spread=contention.spread, transfer_cpu=cost,
                        send_buffer={k: v["send_buffer_bytes"] for k, v in probes.items() if "send_buffer_bytes" in v},
                        link_share=share, link_queue=queue, compute_draws_s=[sum(f) + sum(b) for f, b, _ in draws],
-                       copy_draws_bytes_per_s=copies, comm_wakeups_hz=wake_hz, probe_rounds=record)
+                       copy_draws_bytes_per_s=copies, comm_wakeups_hz=wake_hz, probe_rounds=record,
+                       cpu_throughput_thread=contention.thread_throughput, job_cpu_per_work=job_cpu_per_work)

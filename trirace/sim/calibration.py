@@ -19,6 +19,16 @@ JSON, so it can be read, diffed and edited:
   cpu_throughput                     where ranks share the host's cores: [k-1] = work-seconds
                                      done per second by k workers computing at once, in
                                      units of one worker alone (ideal: min(k, cores))
+  cpu_throughput_thread              the same readings, had the cores gone to the computing
+                                     threads alone at the CPU each iteration took (their
+                                     thread CPU): what k processes lose in CPU per iteration,
+                                     not in wall beyond it (empty: not measured, older files)
+  job_cpu_per_work                   {"NxR": x}: in a short run of the job on N nodes of R ranks
+                                     (each layout the testbed can give it; the first, one rank
+                                     a node, also counts comm_wakeups_hz), the ranks'
+                                     computation's CPU per step over that step's work alone,
+                                     timed just before and after the run: what computing costs
+                                     the job's own ranks on these cores (empty: not measured)
   compute_spread                     beside it: [k-1] = coefficient of variation of one
                                      iteration's time among those k workers
   transfer_cpu                       {"intra"|"inter": {"per_message_s", "per_byte_s"}}: CPU
@@ -100,6 +110,8 @@ class Calibration:
     compute_draws_s: list[float] = field(default_factory=list)
     copy_draws_bytes_per_s: list[float] = field(default_factory=list)
     comm_wakeups_hz: float = 0.0
+    cpu_throughput_thread: list[float] = field(default_factory=list)  # empty: not measured
+    job_cpu_per_work: dict[str, float] = field(default_factory=dict)  # "NxR" -> x; empty: not measured
     probe_rounds: list[dict[str, Any]] = field(default_factory=list)
     sparse_local_s: float = 0.0  # 0: not measured (older files), the exchange costs only its bytes
     host: str = ""
@@ -152,9 +164,10 @@ def load_calibration(path: str | Path) -> Calibration:
     costs += list(cal.link_queue.values())
     if not all(math.isfinite(x) and 0.5 <= x <= 1 for x in cal.link_share.values()):
         raise UsageError(f"calibration file {p}: link_share must be between 0.5 and 1")
-    if not all(math.isfinite(x) and x > 0 for x in cal.cpu_throughput) or \
-            not all(math.isfinite(x) and x >= 0
-                    for x in costs + cal.compute_spread + [cal.comm_wakeups_hz, cal.sparse_local_s]):
-        raise UsageError(f"calibration file {p}: cpu_throughput must be positive, transfer_cpu, "
-                         "send_buffer, link_queue, compute_spread, comm_wakeups_hz and sparse_local_s non-negative")
+    if not all(math.isfinite(x) and x > 0 for x in cal.cpu_throughput + cal.cpu_throughput_thread) or \
+            not all(math.isfinite(x) and x >= 0 for x in costs + cal.compute_spread
+                    + [cal.comm_wakeups_hz, cal.sparse_local_s, *cal.job_cpu_per_work.values()]):
+        raise UsageError(f"calibration file {p}: cpu_throughput and cpu_throughput_thread must be positive, "
+                         "transfer_cpu, send_buffer, link_queue, compute_spread, comm_wakeups_hz, sparse_local_s "
+                         "and job_cpu_per_work non-negative")
     return cal
