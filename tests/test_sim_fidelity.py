@@ -644,7 +644,8 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
     saved.mkdir()
     Calibration("gpt-test", 2, 64, 1, [0.01] * 7, [0.02] * 7, 1e-9, "testbed", cpu_throughput=[0.9, 1.8],
                 compute_spread=[0.02, 0.1], copy_draws_bytes_per_s=[6e9, 5e9, 7e9],
-                transfer_cpu={"inter": {"per_message_s": 2e-4, "per_byte_s": 1e-9}}).save(saved / "cal.json")
+                transfer_cpu={"inter": {"per_message_s": 2e-4, "per_byte_s": 1e-9}},
+                job_cpu_per_work={"2x1": 1.05}, cpu_throughput_thread=[0.92, 1.85]).save(saved / "cal.json")
     job = {"model": "gpt-test", "pp": 2, "dp": 1, "schedule": "2bw", "micro_batches": 2, "micro_batch_size": 2,
            "seq_len": 64, "steps": 6, "partition": [4, 3], "rank_order": "dp-inner", "seed": 0, "optimizer": "adam"}
     measured = [{"system": p, "step_time_s": 0.5, "round_steps_s": [0.5, 0.5, 0.5], "exposed_p2p_s": 0.1,
@@ -690,6 +691,12 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
                             compute_spread=after["spread"])).iteration_time_s
     assert got["trirace"]["host_compute_error"] == pytest.approx(host / 0.5 - 1)
     assert got["blocking"]["host_compute"] == pytest.approx(0.225 / 0.21)
+    # the other core models, from the calibration alone, beside the shipped one
+    for name, curve in (("job_cpu", [1 / 1.05, 2 / 1.05]), ("thread_curve", [0.92, 1.85])):
+        alt = simulate(make_config(job), load_cluster("testbed", 2, 1, "100mbit"), "trirace",
+                       replace(load_calibration(saved / "cal.json"), cpu_throughput=curve)).iteration_time_s
+        assert got["trirace"][f"{name}_error"] == pytest.approx(alt / 0.5 - 1)
+    assert "With computation at the short run's own CPU per work" in md and "| 2x1 @ 100mbit | " in md
     assert "With compute at the speed the run measured" not in md
     # the measured median's interval, where the run kept its steps (blocking's file did not)
     lo, hi = got["trirace"]["interval_s"]

@@ -169,8 +169,8 @@ def predict(cell: dict, where: Path) -> list[dict]:
                for name, alt in alternatives(cal, cluster.shared_cores, f"{nodes}x{rpn}").items()}
         if cell.get("compute_s"):  # (files from before stop 27 lack it)
             at_host, speed = at_host_speed(cal, statistics.mean(cell["compute_s"]), cell.get("contention_after"))
-            row = {"host_compute": speed,
-                   "host_compute_error": simulate(job, cluster, m["system"], at_host).iteration_time_s / m["step_time_s"] - 1}
+            row["host_compute"] = speed
+            row["host_compute_error"] = simulate(job, cluster, m["system"], at_host).iteration_time_s / m["step_time_s"] - 1
         if m.get("cpu_s"):  # (files from before stop 33 lack it)
             row["measured_cpu_s"] = sum(m["cpu_s"])
         if m.get("wakeups_hz"):  # (files from before stop 34 lack it)
