@@ -551,8 +551,8 @@ class ShortRun:
 
 
 # A fresh rank's first steps are not its steady ones: in stop 46's short runs at 100 Mbit
-# the ranks' computation took 1.3-1.7x its later CPU in steps 0-2 (pages touched the first
-# time, caches cold), so a short run skips four steps where a long one skips two.
+# the ranks' computation took 1.3-1.7x its later CPU in the first three or four steps (pages
+# touched the first time, caches cold), so a short run skips four where a long one skips two.
 SHORT_RUN_STEPS, SHORT_RUN_SKIP = 14, 4
 
 
