@@ -195,7 +195,8 @@ def predict(cell: dict, where: Path) -> list[dict]:
 # Other models of the shared cores, predicted beside the shipped one from the same
 # calibration (stop 46): in every matrix the ranks' computation took 0.95-1.13x its work
 # alone in thread CPU where the contention curve, four copies of the whole model, charges
-# 1.07-1.15x; these say what charging the job's own figure would predict.
+# 1.07-1.15x; these say what charging the job's own figure would predict. In stop 46's
+# matrix neither beat the shipped curve (25 and 29 of 32 within 5%, against its 29).
 ALTERNATIVES = {
     "job_cpu": "computation at the short run's own CPU per work (the cores' time-slicing free)",
     "thread_curve": "the contention curve from the probe's computing threads' CPU",

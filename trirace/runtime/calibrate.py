@@ -13,7 +13,7 @@
   job's ranks, and the CPU seconds a transfer costs both ends, per message (on the same
   pairs as the link probe) and per byte (as the work computation beside it loses:
   transfer_beside_compute); both measured beside a thread in each process that wakes as
-  often as the job's communication threads do in a short real run (comm_wakeups);
+  often as the job's communication threads do in a short real run (short_run);
 - the sparse exchange's passes over the token table on this host (sparse_local_s).
 """
 
@@ -325,7 +325,7 @@ def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float 
     out unevenly; the simulator draws compute times with it). The window opens once every
     process is computing (a ready file each, then a go file). Beside each process's
     computation a thread wakes `wake_hz` times a second, as the job's communication threads
-    do (comm_wakeups): each wake-up on a saturated core preempts computation."""
+    do (short_run): each wake-up on a saturated core preempts computation."""
     out, spread, woke, series, by_thread = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="trirace-contend-") as tmp:
         job = Path(tmp) / "cfg.json"
@@ -556,8 +556,8 @@ class ShortRun:
 SHORT_RUN_STEPS, SHORT_RUN_SKIP = 14, 4
 
 
-def comm_wakeups(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, nodes: int | None = None,
-                 timeout_s: float = 600) -> ShortRun:
+def short_run(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, nodes: int | None = None,
+              timeout_s: float = 600) -> ShortRun:
     """Wake-ups per second of a rank's other threads (communication: gloo's loops, the
     launcher, the waiters; with one intra-op thread per rank, as where ranks share cores,
     nothing else) while the job trains: a short real run of `cfg` on `nodes` testbed nodes
@@ -829,7 +829,7 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         for nodes, rpn in testbed_layouts(cfg.world_size, link):
             say(f"a short run of the job on {nodes}x{rpn}: its wake-ups, its computation's CPU")
             before = compute_now(cfg, threads)
-            run = comm_wakeups(cfg, link, mtu, nodes)
+            run = short_run(cfg, link, mtu, nodes)
             now = statistics.fmean([before, compute_now(cfg, threads)])  # the host's speed around the run
             job_cpu_per_work[f"{nodes}x{rpn}"] = run.compute_cpu_s / step_work_s(cfg, now, draws[0][2])
             wake_hz = wake_hz or run.wake_hz  # one rank a node: the most a rank wakes
