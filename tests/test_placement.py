@@ -58,6 +58,7 @@ def test_steady_steps_drop_fill_and_drain():
     assert list(steady_steps(8)) == [2, 3, 4, 5]
     assert list(steady_steps(5)) == [2]
     assert list(steady_steps(1)) == [0] and list(steady_steps(3)) == [2]
+    assert list(steady_steps(14, warmup=4)) == list(range(4, 12)) and list(steady_steps(3, warmup=4)) == [2]
 
 
 def test_the_roce_case_that_auto_lost_by_2_4x():

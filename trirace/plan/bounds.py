@@ -26,11 +26,12 @@ WARMUP_STEPS = 2  # the pipeline fills, allocators and caches warm up
 DRAIN_STEPS = 2  # stages that have finished free the cores and links, so the last steps run fast
 
 
-def steady_steps(steps: int) -> range:
+def steady_steps(steps: int, warmup: int = WARMUP_STEPS) -> range:
     """The steps a step time is measured over, where the bound holds step by step: neither
     the fill nor the drain (a drain step on shared cores can take a tenth of a steady one).
-    Short runs keep what they can: at least the last step."""
-    first = min(WARMUP_STEPS, steps - 1)
+    Short runs keep what they can: at least the last step. `warmup`: the first steps left
+    out (a fresh job's short run leaves out more: runtime/calibrate.py)."""
+    first = min(warmup, steps - 1)
     return range(first, max(first + 1, steps - DRAIN_STEPS))
 
 

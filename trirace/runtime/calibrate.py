@@ -570,7 +570,7 @@ def short_run(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, nodes:
     from contextlib import nullcontext
 
     from .. import testbed
-    from ..plan.bounds import DRAIN_STEPS, per_rank_median
+    from ..plan.bounds import per_rank_median, steady_steps
     from .launch import run_local
 
     nodes = nodes or cfg.world_size
@@ -580,7 +580,8 @@ def short_run(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, nodes:
                                      "metrics_out": None, "trace_out": None, "checkpoint_dir": None})
         rows = run_local([job], timeout_s=timeout_s, rank_command=tb.rank_command if tb else None,
                          rank_env=tb.rank_env if tb else None, quiet=True)[0]  # not the profile's output
-    kept = rows[SHORT_RUN_SKIP:len(rows) - DRAIN_STEPS]
+    steady = steady_steps(len(rows), warmup=SHORT_RUN_SKIP)
+    kept = rows[steady.start:steady.stop]
     return ShortRun(statistics.fmean(per_rank_median(kept, "rank_wakeups", per_second=True)),
                     sum(per_rank_median(kept, "rank_compute_cpu_s")))
 
@@ -826,11 +827,12 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
     shared = PRESETS[cluster].shared_cores if cluster in PRESETS else None
     contention, cost, wake_hz, job_cpu_per_work, record = Contention([], []), {}, 0.0, {}, []
     if shared:  # every rank on this host's cores: what they cost each other, beside the job's wake-ups
+        speed = [compute_now(cfg, threads)]  # the host's speed before each run and after the last
         for nodes, rpn in testbed_layouts(cfg.world_size, link):
             say(f"a short run of the job on {nodes}x{rpn}: its wake-ups, its computation's CPU")
-            before = compute_now(cfg, threads)
             run = short_run(cfg, link, mtu, nodes)
-            now = statistics.fmean([before, compute_now(cfg, threads)])  # the host's speed around the run
+            speed.append(compute_now(cfg, threads))
+            now = statistics.fmean(speed[-2:])  # around the run
             job_cpu_per_work[f"{nodes}x{rpn}"] = run.compute_cpu_s / step_work_s(cfg, now, draws[0][2])
             wake_hz = wake_hz or run.wake_hz  # one rank a node: the most a rank wakes
         # a byte's cost where it matters, beside computation on saturated cores (and idle, for the record):
