@@ -296,8 +296,10 @@ def test_profile_measures_layers_and_loopback(tmp_path, capfd):
     # each figure is the median of the rounds' readings, which the file keeps
     assert len(cal.probe_rounds) == 2
     assert [len(k) for k in cal.probe_rounds[0]["iteration_times"]] == [1, 2]  # each process's, for the record
-    assert cal.cpu_throughput == pytest.approx([statistics.median(r["cpu_throughput"][k] for r in cal.probe_rounds)
-                                                for k in range(2)])
+    # (each round's first counted in the layers' iteration, not in its own lone process's best)
+    assert all(r["unit_s"] == min(r["iteration_times"][0][0]) for r in cal.probe_rounds)
+    assert cal.cpu_throughput == pytest.approx([statistics.median(r["cpu_throughput"][k] * cal.iteration_s / r["unit_s"]
+                                                                  for r in cal.probe_rounds) for k in range(2)])
     for name in ("per_byte_s", "per_byte_collective_s"):
         # each round reads two busy windows, each between quiet ones (five kept, after an unread
         # settling window); its figure is their median, and the calibration's the median of

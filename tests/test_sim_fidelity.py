@@ -12,6 +12,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 
 import pytest
 import torch
@@ -25,9 +26,10 @@ from trirace.models.build import layer_param_numels
 from trirace.plan import Layout, build_schedule
 from trirace.plan.bounds import steady_steps
 from trirace.plan.topology import Link, Topology
-from trirace.runtime.calibrate import (Contention, compute_now, copy_rate, cpu_contention, layer_times, link_queue,
-                                      link_share, optimizer_time, per_byte_beside, plausible, probe_pair, refusal,
-                                      stalled, step_gradients, step_work_s, thread_curve_point)
+from trirace.runtime.calibrate import (Contention, compute_now, copy_rate, cpu_contention, in_unit, layer_times,
+                                      link_queue, link_share, median_contention, optimizer_time, per_byte_beside,
+                                      plausible, probe_pair, refusal, stalled, step_gradients, step_work_s,
+                                      thread_curve_point)
 from trirace.runtime.trainer import batch_fn, sampler_for
 from trirace.sim import report
 from trirace.sim.calibration import Calibration, load_calibration
@@ -264,6 +266,21 @@ def test_a_contention_reading_with_a_stalled_iteration_is_refused():
     assert "more than k cores" in refusal(busy, cores=2)
 
 
+def test_the_rounds_curves_count_in_the_calibrations_iteration_before_their_median():
+    # two rounds, one whose lone process ran at 0.20 s, one at 0.25 s; the layers read 0.22 s.
+    # Three processes did 3 / 0.30 and 3 / 0.33 iterations a second: in 0.22 s units, 2.2 and 2.0
+    fast = Contention([1.0, 1.8, 2.0], [0.1, 0.2, 0.3], [300, 290, 280], thread_throughput=[1.0, 1.9, 2.0], best_s=0.20)
+    slow = Contention([1.0, 1.9, 3 * 0.25 / 0.33], [0.3, 0.2, 0.1], [310, 300, 270], thread_throughput=[1.0, 2.0, 2.4],
+                      best_s=0.25)
+    assert fast.in_unit(0.22).throughput == pytest.approx([1.1, 1.98, 2.2])
+    got = median_contention([fast, slow], 0.22)
+    assert got.best_s == 0.22
+    assert got.throughput == pytest.approx([(1.1 + 0.88) / 2, (1.98 + 1.672) / 2, (2.2 + 2.0) / 2])
+    assert got.thread_throughput == pytest.approx([(1.1 + 0.88) / 2, (2.09 + 1.76) / 2, (2.2 + 2.112) / 2])
+    assert got.spread == pytest.approx([0.2, 0.2, 0.2]) and got.wake_hz == [300, 290, 270]
+    assert in_unit([2.0], 0.25, 0.22) == pytest.approx([1.76])
+
+
 def test_the_short_runs_take_every_layout_the_testbed_can_give_the_job():
     from trirace.runtime.calibrate import testbed_layouts
 
@@ -387,6 +404,9 @@ def test_profile_measures_what_ranks_sharing_cores_cost_each_other():
     # (a little slack for the two clocks), so that curve is never much under the wall one
     assert len(got.thread_throughput) == 2
     assert all(0.97 * w <= c <= 2.2 for w, c in zip(curve, got.thread_throughput))
+    # the curve counts in its lone process's fastest iteration: k=1 reads that over its mean
+    assert got.best_s == min(got.times[0][0])
+    assert curve[0] == pytest.approx(got.best_s / statistics.fmean(got.times[0][0]))
     now = compute_now(cfg, threads=1)  # the host's speed now, as the calibration measures it
     fwd, bwd, _ = layer_times(cfg)
     assert 0 < now < 10 * (sum(fwd) + sum(bwd)) + 1.0
@@ -778,6 +798,26 @@ def test_each_miss_is_reported_with_what_the_record_says_about_it():
     assert why_missed(cell, idle, cal) == ["the host's cores were idle 4% and in interrupts 3% of the steady "
                                            "steps, where the simulation left 1% to no rank"]
     assert why_missed(cell, {**idle, "predicted_idle_share": 0.06}, cal)[0].startswith("none of these")
+    # readings since stop 47 count in their own lone process's best (unit_s): compared in the calibration's
+    # (its layers sum to 0.21 s). 1.6 in 0.224 s is 1.50 in 0.21 s; a round's 1.5 in 0.175 s is 1.80
+    after = {"throughput": [0.97, 1.7, 1.6], "unit_s": 0.224}
+    assert why_missed({"contention_after": after}, slow, cal)[2] == \
+        "3 ranks on the shared cores did 1.50 after the cell, 1.80 at calibration"
+    steady = replace(cal, probe_rounds=[{"cpu_throughput": [0.97, 1.9, 1.8], "unit_s": 0.21},
+                                        {"cpu_throughput": [0.97, 1.9, 1.5], "unit_s": 0.175}])
+    assert not any("rounds read" in w for w in why_missed(cell, exposed, steady))
+
+
+def test_the_host_re_measured_at_a_cell_counts_its_contention_in_the_re_measured_iteration():
+    from trirace.bench.sim_accuracy import at_host_speed
+
+    cal = Calibration("gpt-test", 2, 64, 1, [0.01] * 7, [0.02] * 7, 1e-9, "testbed", cpu_throughput=[0.97, 1.8])
+    after = {"throughput": [0.95, 1.6], "spread": [0.03, 0.2], "unit_s": 0.2}
+    got, scale = at_host_speed(cal, 0.25, after)  # the layers now sum to 0.25 s: 1.6 in 0.2 s units is 2.0
+    assert scale == pytest.approx(0.25 / 0.21) and got.iteration_s == pytest.approx(0.25)
+    assert got.cpu_throughput == pytest.approx([0.95 * 1.25, 2.0]) and got.compute_spread == [0.03, 0.2]
+    older = {k: v for k, v in after.items() if k != "unit_s"}  # a file from before stop 47: taken as it is
+    assert at_host_speed(cal, 0.25, older)[0].cpu_throughput == [0.95, 1.6]
 
 
 def test_the_host_s_share_over_a_run_weighs_each_step_by_its_time():

@@ -388,7 +388,7 @@ def _profile(args: argparse.Namespace) -> int:
         costs = "; ".join(f"{k} {v['per_message_s'] * 1e6:.0f} us/message + {v['per_byte_s'] * 1e9:.2f} ns/byte beside computation"
                           + (f" ({v['per_byte_collective_s'] * 1e9:.2f} in all-reduces)" if "per_byte_collective_s" in v else "")
                           for k, v in cal.transfer_cpu.items())
-        shared = (f"; shared cores do {' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} x one rank's work with "
+        shared = (f"; shared cores do {' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} x one rank's timed work with "
                   f"1..{len(cal.cpu_throughput)} ranks computing (the median of {len(cal.probe_rounds)} round(s))"
                   + (f" beside {cal.comm_wakeups_hz:.0f} wake-ups/s each (a rank's other threads', in the job)"
                      if cal.comm_wakeups_hz else "") + ", an iteration's time varying by "

@@ -50,7 +50,7 @@ from pathlib import Path
 from ..config import TrainConfig, make_config
 from ..errors import UsageError
 from ..runtime import allocator
-from ..runtime.calibrate import compute_now, copy_rate, profile, steady_contention
+from ..runtime.calibrate import compute_now, copy_rate, in_unit, profile, steady_contention
 from ..sim.calibration import Calibration, load_calibration
 from ..sim.cluster import load_cluster
 from ..sim.run import simulate
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                     "config": measured["config"], "calibration": calibrations[c.link],
                     "compute_s": [before, after], "copy_bytes_per_s": [copy_before, copy_after],
                     "contention_after": {"throughput": contention.throughput, "spread": contention.spread,
-                                         "refused": refused},
+                                         "unit_s": contention.best_s, "refused": refused},
                     "measured": [{k: r[k] for k in ("system", "step_time_s", "round_steps_s", "exposed_p2p_s",
                                                       "exposed_allreduce_s", "compute_cpu_s", "cpu_s", "wakeups_hz",
                                                       "steps_s", "host_cpu_share")}
@@ -246,8 +246,10 @@ def at_host_speed(cal: Calibration, seconds: float, contention: dict | None = No
     cores' contention curve and spread measured again after it where the cell has them
     (files from before stop 33 do not); and the compute's ratio to the calibration's."""
     scale = seconds / cal.iteration_s
-    if contention:
-        cal = replace(cal, cpu_throughput=list(contention["throughput"]), compute_spread=list(contention["spread"]))
+    if contention:  # in units of the re-measured iteration (files before stop 47: of the reading's own best)
+        curve = contention["throughput"]
+        cal = replace(cal, cpu_throughput=in_unit(curve, contention["unit_s"], seconds) if "unit_s" in contention
+                      else list(curve), compute_spread=list(contention["spread"]))
     return replace(cal, forward_s=[t * scale for t in cal.forward_s],
                    backward_s=[t * scale for t in cal.backward_s]), scale
 
@@ -375,11 +377,14 @@ def why_missed(cell: dict, r: dict, cal: Calibration) -> list[str]:
     if "host_compute" in r and abs(r["host_compute"] - 1) > 0.03 and (r["host_compute"] > 1) == under:
         out.append(f"one rank's compute took {r['host_compute']:.2f}x its calibration's time at the cell")
     after = cell.get("contention_after", {}).get("throughput")
+    if after and "unit_s" in cell["contention_after"]:  # in the calibration's unit (files before stop 47 are not)
+        after = in_unit(after, cell["contention_after"]["unit_s"], cal.iteration_s)
     if after and cal.cpu_throughput and abs(after[-1] / cal.cpu_throughput[-1] - 1) > TARGET \
             and (after[-1] < cal.cpu_throughput[-1]) == under:
         out.append(f"{len(after)} ranks on the shared cores did {after[-1]:.2f} after the cell, "
                    f"{cal.cpu_throughput[-1]:.2f} at calibration")
-    rounds = [x["cpu_throughput"][-1] for x in cal.probe_rounds if x.get("cpu_throughput")]
+    rounds = [x["cpu_throughput"][-1] * (cal.iteration_s / x["unit_s"] if "unit_s" in x else 1)
+              for x in cal.probe_rounds if x.get("cpu_throughput")]
     if len(rounds) > 1 and (max(rounds) - min(rounds)) > 2 * TARGET * statistics.median(rounds):
         out.append(f"the calibration's rounds read the {len(after or cal.cpu_throughput)}-rank point "
                    f"{min(rounds):.2f}-{max(rounds):.2f}")

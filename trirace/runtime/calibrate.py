@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -303,6 +303,21 @@ class Contention:
     # the CPU each of their iterations took (`thread_curve`): the wall the curve loses beyond
     # that is time-slicing's switches and the wakers' own CPU, not the computation's
     thread_throughput: list[float] = field(default_factory=list)
+    best_s: float = 0.0  # the unit: one process's fastest iteration alone (k=1), 0 where not read
+
+    def in_unit(self, unit_s: float) -> "Contention":
+        """The curves in units of an iteration of `unit_s` (the calibration's per-layer sum):
+        k processes' iterations a second times `unit_s`. The simulator multiplies the curve by
+        its per-layer times, so the curve must count in them: stop 47 found the probe's one
+        process alone up to 6% faster than the layer draws around it (250 Mbit at 63f14d0:
+        0.201 s against 0.213), and every step where the cores bind predicted as much too slow."""
+        return replace(self, throughput=in_unit(self.throughput, self.best_s, unit_s),
+                       thread_throughput=in_unit(self.thread_throughput, self.best_s, unit_s), best_s=unit_s)
+
+
+def in_unit(curve: list[float], unit_s: float, to_s: float) -> list[float]:
+    """A contention curve counted in iterations of `unit_s` seconds, counted in ones of `to_s`."""
+    return [x * to_s / unit_s for x in curve]
 
 
 CONTENTION_WINDOW_S = 6.0  # one contention reading's window per k, unless a caller says otherwise
@@ -355,7 +370,7 @@ def cpu_contention(cfg: TrainConfig, workers: int, threads: int, seconds: float 
             spread.append(statistics.pstdev(times) / statistics.fmean(times))
             woke.append(statistics.fmean(g["wake_hz"] for g in got))
             series.append([g["times"] for g in got])
-    return Contention(out, spread, woke, series, by_thread)
+    return Contention(out, spread, woke, series, by_thread, best)
 
 
 def thread_curve_point(best: float, cpu: list[list[float]], cores: int) -> float:
@@ -791,6 +806,15 @@ def _median_curve(curves: list[list[float]]) -> list[float]:
     return [statistics.median(c[i] for c in curves) for i in range(len(curves[0]))]
 
 
+def median_contention(readings: list[Contention], unit_s: float) -> Contention:
+    """The rounds' readings as one: each in units of an iteration of `unit_s` (`in_unit`), then
+    each point's median over them; the wakers' rate is each k's lowest."""
+    got = [c.in_unit(unit_s) for c in readings]
+    return Contention(_median_curve([c.throughput for c in got]), _median_curve([c.spread for c in got]),
+                      [min(c.wake_hz[i] for c in got) for i in range(len(got[0].wake_hz))],
+                      thread_throughput=_median_curve([c.thread_throughput for c in got]), best_s=unit_s)
+
+
 def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None, mtu: int = 9000,
             intra: bool = True, rounds: int = 3, probe_s: float = 4.0) -> Calibration:
     """Measure what the simulator needs (the module's docstring). Where ranks share cores,
@@ -800,7 +824,9 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
     read 1.70 at one calibration and 1.34-1.50 in the minutes after it, and the per-byte
     probe swing up to 3x between hours, so one reading could decide a rate's predictions.
     `probe_s`: each contention window's seconds (6 s in one reading before stop 35; three
-    of 4 s now)."""
+    of 4 s now). Each round's curve counts in its own lone process's fastest iteration; the
+    file's counts in the layers' (`Contention.in_unit`): what k processes get done a second
+    comes from the probe alone, not from the probe's unit times the layer draws' speed."""
     from ..sim.cluster import PRESETS
 
     check_probe_settings(rounds, probe_s)
@@ -825,7 +851,7 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         probes["inter"] = probe_pair(True, link, mtu)
     links = {k: {"bits_per_s": v["bits_per_s"], "latency_s": v["latency_s"]} for k, v in probes.items()}
     shared = PRESETS[cluster].shared_cores if cluster in PRESETS else None
-    contention, cost, wake_hz, job_cpu_per_work, record = Contention([], []), {}, 0.0, {}, []
+    contention, cost, wake_hz, job_cpu_per_work, record, readings = Contention([], []), {}, 0.0, {}, [], []
     if shared:  # every rank on this host's cores: what they cost each other, beside the job's wake-ups
         speed = [compute_now(cfg, threads)]  # the host's speed before each run and after the last
         for nodes, rpn in testbed_layouts(cfg.world_size, link):
@@ -839,7 +865,7 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         # as P2P messages, and as the replicas' all-reduce chunks
         rates = {k: min(v["bits_per_s"] / 8, 64 * 2**20) for k, v in probes.items()}
         per_byte_kinds = (("per_byte_s", False), ("per_byte_collective_s", True))[:1 + (cfg.dp > 1)]
-        readings = []  # per round: the contention curve (`record`: everything read, for the file)
+        # per round: the contention reading (`record`: everything read, for the file)
         for r in range(rounds):
             say(f"round {r + 1} of {rounds}: {cfg.world_size} ranks' contention, transfer CPU")
             reading, refused = steady_contention(cfg, threads, probe_s, wake_hz, lambda w: say(f"round {r + 1}: {w}"))
@@ -861,16 +887,12 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
                     per_byte[k][name] = got.per_byte_s
                     seen[k][name] = {"per_window": got.per_window, "work_per_s": got.work_per_s}
             record.append({"cpu_throughput": readings[-1].throughput, "compute_spread": readings[-1].spread,
-                           "cpu_throughput_thread": readings[-1].thread_throughput,
+                           "cpu_throughput_thread": readings[-1].thread_throughput, "unit_s": readings[-1].best_s,
                            "iteration_times": readings[-1].times, "transfer_cpu": per_byte, "transfer_windows": seen,
                            "refused": refused})
-        contention = Contention(_median_curve([c.throughput for c in readings]),
-                                _median_curve([c.spread for c in readings]),
-                                [min(c.wake_hz[i] for c in readings) for i in range(cfg.world_size)],
-                                thread_throughput=_median_curve([c.thread_throughput for c in readings]))
-        if wake_hz and min(contention.wake_hz) < 0.8 * wake_hz:  # a Python thread needs the GIL to wake
-            say(f"warning: the contention probe's wakers woke {min(contention.wake_hz):.0f} times a second, "
-                f"short of the job's {wake_hz:.0f}")
+        woke = min(w for c in readings for w in c.wake_hz)
+        if wake_hz and woke < 0.8 * wake_hz:  # a Python thread needs the GIL to wake
+            say(f"warning: the contention probe's wakers woke {woke:.0f} times a second, short of the job's {wake_hz:.0f}")
         for k, v in probes.items():
             cost[k] = {"per_message_s": v["cpu_per_message_s"], "per_byte_idle_s": v["cpu_per_byte_s"]}
             for name, _ in per_byte_kinds:
@@ -889,6 +911,8 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
     draws.append(layer_times(cfg))
     copies.append(copy_rate())
     fwd, bwd = ([statistics.median(d[j][i] for d in draws) for i in range(len(draws[0][j]))] for j in (0, 1))
+    if readings:
+        contention = median_contention(readings, sum(fwd) + sum(bwd))
     rows = rows_touched(cfg)
     return Calibration(cfg.model, cfg.micro_batch_size, cfg.tokens_seq, threads, fwd, bwd,
                        statistics.median(d[2] for d in draws), cluster, links,

@@ -18,7 +18,9 @@ JSON, so it can be read, diffed and edited:
                                      (it sets the sparse exchange's size)
   cpu_throughput                     where ranks share the host's cores: [k-1] = work-seconds
                                      done per second by k workers computing at once, in
-                                     units of one worker alone (ideal: min(k, cores))
+                                     units of forward_s + backward_s summed (ideal: min(k,
+                                     cores); the simulator never gives more). Files before
+                                     stop 47: in units of the probe's one worker alone
   cpu_throughput_thread              the same readings, had the cores gone to the computing
                                      threads alone at the CPU each iteration took (their
                                      thread CPU): what k processes lose in CPU per iteration,
@@ -57,7 +59,10 @@ JSON, so it can be read, diffed and edited:
                                      ({"cpu_throughput", "compute_spread", "transfer_cpu":
                                      {link: {"per_byte_s", "per_byte_collective_s"}},
                                      "transfer_windows": {link: {kind: {"per_window",
-                                     "work_per_s"}}}}): cpu_throughput, compute_spread and those
+                                     "work_per_s"}}}, "unit_s": the reading's one worker's
+                                     fastest iteration alone, the unit its curves count in}):
+                                     cpu_throughput (each round's in the file's unit first),
+                                     compute_spread and those
                                      two per-byte figures are the rounds' medians (a round's
                                      per-byte figure: the median of its busy windows'; the
                                      work done per second in each window, quiet and busy,
