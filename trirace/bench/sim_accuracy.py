@@ -420,7 +420,7 @@ def calibrations(payload: dict, where: Path) -> str:
     host with the same model: their spread is the host's own drift, which no prediction
     from one of them can be closer than."""
     lines = ["| calibration | forward + backward per micro-batch (s) (its timings) | work done by 1..k ranks at once "
-             "(x one rank's best) | an iteration's spread with 1..k at once | inter-node transfer CPU per message "
+             "(x one rank's timed work) | an iteration's spread with 1..k at once | inter-node transfer CPU per message "
              "(ms) / per MB beside computation (ms): sent, all-reduced | loopback's per MB: sent, all-reduced (ms) "
              "| first of two activations' share of the uplink | queued ahead on a busy uplink (KiB) "
              "| the job's wake-ups per rank per second, measured beside "

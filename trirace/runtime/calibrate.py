@@ -293,7 +293,7 @@ json.dump({"mean": sum(times) / len(times), "best": min(times), "times": times, 
 class Contention:
     """What k processes computing the model at once on this host's cores get, k = 1..n."""
 
-    throughput: list[float]  # [k-1]: work per second, in units of one process's fastest alone
+    throughput: list[float]  # [k-1]: work per second, in units of one process's fastest alone (`in_unit`: of another)
     spread: list[float]  # [k-1]: coefficient of variation of one iteration's time among them
     wake_hz: list[float] = field(default_factory=list)  # [k-1]: the wake-ups each process's waker achieved
     # [k-1][process]: its iteration times in order, kept for the file: whether one process stays
