@@ -281,14 +281,6 @@ def test_the_rounds_curves_count_in_the_calibrations_iteration_before_their_medi
     assert in_unit([2.0], 0.25, 0.22) == pytest.approx([1.76])
 
 
-def test_the_short_runs_take_every_layout_the_testbed_can_give_the_job():
-    from trirace.runtime.calibrate import testbed_layouts
-
-    assert testbed_layouts(4, "100mbit") == [(4, 1), (2, 2)]  # one rank a node first: it counts the wake-ups
-    assert testbed_layouts(6, "1gbit") == [(6, 1), (3, 2), (2, 3)]
-    assert testbed_layouts(2, "1gbit") == [(2, 1)] and testbed_layouts(4, None) == [(1, 4)]
-
-
 def test_the_thread_curve_charges_only_the_cpu_each_iteration_took():
     # one process alone at its best: the unit
     assert thread_curve_point(0.1, [[0.1, 0.1]], cores=2) == pytest.approx(1.0)

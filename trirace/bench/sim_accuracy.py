@@ -196,7 +196,9 @@ def predict(cell: dict, where: Path) -> list[dict]:
 # calibration (stop 46): in every matrix the ranks' computation took 0.95-1.13x its work
 # alone in thread CPU where the contention curve, four copies of the whole model, charges
 # 1.07-1.15x; these say what charging the job's own figure would predict. In stop 46's
-# matrix neither beat the shipped curve (25 and 29 of 32 within 5%, against its 29).
+# matrix neither beat the shipped curve (25 and 29 of 32 within 5%, against its 29), nor in
+# stop 47's (23 and 19, against 29). Calibrations since then measure the first only where
+# ranks sit one a node (4x1); the other layouts' cells show none.
 ALTERNATIVES = {
     "job_cpu": "computation at the short run's own CPU per work (the cores' time-slicing free)",
     "thread_curve": "the contention curve from the probe's computing threads' CPU",

@@ -601,14 +601,6 @@ def short_run(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, nodes:
                     sum(per_rank_median(kept, "rank_compute_cpu_s")))
 
 
-def testbed_layouts(world: int, link: str | None) -> list[tuple[int, int]]:
-    """The (nodes, ranks per node) a job of `world` ranks can take on the testbed: across
-    a link, two nodes or more, one rank on each first; on loopback, one node."""
-    if link is None:
-        return [(1, world)]
-    return [(n, world // n) for n in range(world, 1, -1) if world % n == 0]
-
-
 def step_work_s(cfg: TrainConfig, iteration_s: float, optimizer_s_per_param: float) -> float:
     """The computation one step of `cfg` asks of all its ranks together, in seconds alone:
     every micro-batch of every replica through the whole model once, forward and backward
@@ -853,14 +845,15 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
     shared = PRESETS[cluster].shared_cores if cluster in PRESETS else None
     contention, cost, wake_hz, job_cpu_per_work, record, readings = Contention([], []), {}, 0.0, {}, [], []
     if shared:  # every rank on this host's cores: what they cost each other, beside the job's wake-ups
-        speed = [compute_now(cfg, threads)]  # the host's speed before each run and after the last
-        for nodes, rpn in testbed_layouts(cfg.world_size, link):
-            say(f"a short run of the job on {nodes}x{rpn}: its wake-ups, its computation's CPU")
-            run = short_run(cfg, link, mtu, nodes)
-            speed.append(compute_now(cfg, threads))
-            now = statistics.fmean(speed[-2:])  # around the run
-            job_cpu_per_work[f"{nodes}x{rpn}"] = run.compute_cpu_s / step_work_s(cfg, now, draws[0][2])
-            wake_hz = wake_hz or run.wake_hz  # one rank a node: the most a rank wakes
+        # one rank a node across a link, where a rank wakes the most (stops 46-47 also ran the
+        # other layouts: their CPU per work fed only a core model that lost to the curve twice)
+        nodes = cfg.world_size if link else 1
+        say(f"a short run of the job on {nodes}x{cfg.world_size // nodes}: its wake-ups, its computation's CPU")
+        before = compute_now(cfg, threads)
+        run = short_run(cfg, link, mtu, nodes)
+        now = statistics.fmean([before, compute_now(cfg, threads)])  # the host's speed around the run
+        job_cpu_per_work[f"{nodes}x{cfg.world_size // nodes}"] = run.compute_cpu_s / step_work_s(cfg, now, draws[0][2])
+        wake_hz = run.wake_hz
         # a byte's cost where it matters, beside computation on saturated cores (and idle, for the record):
         # as P2P messages, and as the replicas' all-reduce chunks
         rates = {k: min(v["bits_per_s"] / 8, 64 * 2**20) for k, v in probes.items()}

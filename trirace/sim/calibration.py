@@ -26,8 +26,9 @@ JSON, so it can be read, diffed and edited:
                                      thread CPU): what k processes lose in CPU per iteration,
                                      not in wall beyond it (empty: not measured, older files)
   job_cpu_per_work                   {"NxR": x}: in a short run of the job on N nodes of R ranks
-                                     (each layout the testbed can give it; the first, one rank
-                                     a node, also counts comm_wakeups_hz), the ranks'
+                                     (one rank a node across a link, one node on loopback: the
+                                     run that counts comm_wakeups_hz; files of stops 46-47 hold
+                                     every layout the testbed could give the job), the ranks'
                                      computation's CPU per step over that step's work alone,
                                      timed just before and after the run: what computing costs
                                      the job's own ranks on these cores (empty: not measured)
