@@ -385,7 +385,7 @@ def why_missed(cell: dict, r: dict, cal: Calibration) -> list[str]:
             and (after[-1] < cal.cpu_throughput[-1]) == under:
         out.append(f"{len(after)} ranks on the shared cores did {after[-1]:.2f} after the cell, "
                    f"{cal.cpu_throughput[-1]:.2f} at calibration")
-    rounds = [x["cpu_throughput"][-1] * (cal.iteration_s / x["unit_s"] if "unit_s" in x else 1)
+    rounds = [(in_unit(x["cpu_throughput"], x["unit_s"], cal.iteration_s) if "unit_s" in x else x["cpu_throughput"])[-1]
               for x in cal.probe_rounds if x.get("cpu_throughput")]
     if len(rounds) > 1 and (max(rounds) - min(rounds)) > 2 * TARGET * statistics.median(rounds):
         out.append(f"the calibration's rounds read the {len(after or cal.cpu_throughput)}-rank point "

@@ -848,11 +848,12 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         # one rank a node across a link, where a rank wakes the most (stops 46-47 also ran the
         # other layouts: their CPU per work fed only a core model that lost to the curve twice)
         nodes = cfg.world_size if link else 1
-        say(f"a short run of the job on {nodes}x{cfg.world_size // nodes}: its wake-ups, its computation's CPU")
+        layout = f"{nodes}x{cfg.world_size // nodes}"
+        say(f"a short run of the job on {layout}: its wake-ups, its computation's CPU")
         before = compute_now(cfg, threads)
         run = short_run(cfg, link, mtu, nodes)
         now = statistics.fmean([before, compute_now(cfg, threads)])  # the host's speed around the run
-        job_cpu_per_work[f"{nodes}x{cfg.world_size // nodes}"] = run.compute_cpu_s / step_work_s(cfg, now, draws[0][2])
+        job_cpu_per_work[layout] = run.compute_cpu_s / step_work_s(cfg, now, draws[0][2])
         wake_hz = run.wake_hz
         # a byte's cost where it matters, beside computation on saturated cores (and idle, for the record):
         # as P2P messages, and as the replicas' all-reduce chunks
