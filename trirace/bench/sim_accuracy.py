@@ -51,7 +51,7 @@ from ..config import TrainConfig, make_config
 from ..errors import UsageError
 from ..runtime import allocator
 from ..runtime.calibrate import compute_now, copy_rate, in_unit, profile, steady_contention
-from ..sim.calibration import Calibration, load_calibration
+from ..sim.calibration import Calibration, layout_key, load_calibration
 from ..sim.cluster import load_cluster
 from ..sim.run import simulate
 from . import matrix, side_by_side
@@ -166,7 +166,7 @@ def predict(cell: dict, where: Path) -> list[dict]:
         # the lockstep fold beside it: what simulating the replicas themselves changes
         folded = simulate(job, cluster, m["system"], cal, unfold=False)
         row = {f"{name}_error": simulate(job, cluster, m["system"], alt).iteration_time_s / m["step_time_s"] - 1
-               for name, alt in alternatives(cal, cluster.shared_cores, f"{nodes}x{rpn}").items()}
+               for name, alt in alternatives(cal, cluster.shared_cores, layout_key(nodes, rpn)).items()}
         if cell.get("compute_s"):  # (files from before stop 27 lack it)
             at_host, speed = at_host_speed(cal, statistics.mean(cell["compute_s"]), cell.get("contention_after"))
             row["host_compute"] = speed

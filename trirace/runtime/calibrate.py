@@ -38,7 +38,7 @@ from ..errors import UsageError
 from ..models import build_layers
 from ..models.build import layer_param_numels, loss_of
 from ..optim import make_optimizer, muon_matrices
-from ..sim.calibration import Calibration
+from ..sim.calibration import Calibration, layout_key
 from . import allocator
 from .profile import pass_times
 from .trainer import batch_fn, sampler_for
@@ -848,7 +848,7 @@ def profile(cfg: TrainConfig, cluster: str = "testbed", link: str | None = None,
         # one rank a node across a link, where a rank wakes the most (stops 46-47 also ran the
         # other layouts: their CPU per work fed only a core model that lost to the curve twice)
         nodes = cfg.world_size if link else 1
-        layout = f"{nodes}x{cfg.world_size // nodes}"
+        layout = layout_key(nodes, cfg.world_size // nodes)
         say(f"a short run of the job on {layout}: its wake-ups, its computation's CPU")
         before = compute_now(cfg, threads)
         run = short_run(cfg, link, mtu, nodes)

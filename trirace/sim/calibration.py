@@ -95,6 +95,11 @@ from ..plan.topology import Link
 VERSION = 1
 
 
+def layout_key(nodes: int, ranks_per_node: int) -> str:
+    """The key `job_cpu_per_work` files a layout under: "NxR"."""
+    return f"{nodes}x{ranks_per_node}"
+
+
 @dataclass(frozen=True)
 class Calibration:
     model: str
