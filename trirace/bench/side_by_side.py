@@ -59,6 +59,8 @@ class Result:
     cpu_s: list[float] | None = None  # per rank, the median step's CPU, every thread of the rank's process
     wakeups_hz: list[float] | None = None  # per rank, the median step's wake-ups of its other threads per second
     steps_s: list[list[float]] | None = None  # every round's steady steps, in order: what the medians are of
+    # beside each of those steps, every rank's CPU summed (all threads): pairs a slow step with its CPU
+    steps_cpu_s: list[list[float]] | None = None
     # the reporter's host over the steady steps: each kind's share of all its cores' time
     # (runtime/hostcpu.py); idle and irq are what no rank's CPU counts
     host_cpu_share: dict[str, float] | None = None
@@ -112,12 +114,15 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
                          rank_command=rank_command, rank_env=rank_env)
     rows: dict[str, list[dict]] = {s: [] for s in systems}
     every: dict[str, list[list[float]]] = {s: [] for s in systems}  # each round's steady step times
+    every_cpu: dict[str, list[list[float]]] = {s: [] for s in systems}  # and each one's CPU, all ranks
     losses: dict[str, list[float]] = {}
     for name, res in zip(names, runs):
         kept = steady_steps(len(res))
         steady = res[kept.start:kept.stop]
         rows[name] += steady
         every[name].append([r["step_time_s"] for r in steady])
+        if steady and "rank_cpu_s" in steady[0]:  # (the peer measures none)
+            every_cpu[name].append([sum(r["rank_cpu_s"]) for r in steady])
         losses.setdefault(name, [r["loss"] for r in res])
     measured = [s for s in ("blocking", *systems) if s in rows and "rank_compute_cpu_s" in rows[s][0]]
     if not measured:
@@ -139,7 +144,7 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
                               per_rank_median(rows[s], "rank_compute_cpu_s") if s in measured else None,
                               per_rank_median(rows[s], "rank_cpu_s") if s in measured else None,
                               per_rank_median(rows[s], "rank_wakeups", per_second=True) if s in measured else None,
-                              every[s], host_share(rows[s])))
+                              every[s], every_cpu[s] or None, host_share(rows[s])))
     return {"config": {**base.model_dump(mode="json", exclude={"topology"}), "cluster": asdict(cluster),
                        "rounds": rounds, "warmup_steps": WARMUP_STEPS, "drain_steps": DRAIN_STEPS,
                        "lower_bound": {**asdict(reference), "binding": reference.binding,

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "unit_s": contention.best_s, "refused": refused},
                     "measured": [{k: r[k] for k in ("system", "step_time_s", "round_steps_s", "exposed_p2p_s",
                                                       "exposed_allreduce_s", "compute_cpu_s", "cpu_s", "wakeups_hz",
-                                                      "steps_s", "host_cpu_share")}
+                                                      "steps_s", "steps_cpu_s", "host_cpu_share")}
                                  for r in measured["results"]]}
             cell["results"] = predict(cell, out)
             payload["cells"].append(cell)
