@@ -11,20 +11,20 @@ import torch
 from trirace.config import TrainConfig
 from trirace.models import build_model, lm_loss
 from trirace.models.build import loss_of
-from trirace.runtime.trainer import batch_fn, sampler_for
+from trirace.data.batches import batch_fn, sampler_for
 
 
 def _optimizer(cfg: TrainConfig, model):
-    wd = cfg.weight_decay if cfg.weight_decay is not None else (0.01 if cfg.optimizer in ("adamw", "muon") else 0.0)
-    if cfg.optimizer == "muon":  # the hidden layers' matrices to Muon, everything else to AdamW
+    wd = cfg.optim.weight_decay if cfg.optim.weight_decay is not None else (0.01 if cfg.optim.optimizer in ("adamw", "muon") else 0.0)
+    if cfg.optim.optimizer == "muon":  # the hidden layers' matrices to Muon, everything else to AdamW
         hidden = {id(p) for layer in list(model)[1:-1] for m in layer.modules() if not isinstance(m, torch.nn.Embedding)
                   for p in m.parameters(recurse=False) if p.ndim == 2}
-        return _Pair(torch.optim.Muon([p for p in model.parameters() if id(p) in hidden], lr=cfg.learning_rate,
+        return _Pair(torch.optim.Muon([p for p in model.parameters() if id(p) in hidden], lr=cfg.optim.learning_rate,
                                       weight_decay=wd, adjust_lr_fn="match_rms_adamw"),
-                     torch.optim.AdamW([p for p in model.parameters() if id(p) not in hidden], lr=cfg.learning_rate,
+                     torch.optim.AdamW([p for p in model.parameters() if id(p) not in hidden], lr=cfg.optim.learning_rate,
                                        weight_decay=wd))
-    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[cfg.optimizer]
-    return cls(model.parameters(), lr=cfg.learning_rate, weight_decay=wd)
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[cfg.optim.optimizer]
+    return cls(model.parameters(), lr=cfg.optim.learning_rate, weight_decay=wd)
 
 
 class _Pair:
@@ -47,22 +47,22 @@ class _Pair:
 
 def _lr(cfg: TrainConfig, t: int) -> float:
     """Linear warm-up to lr, then constant, or linear/cosine decay to min_lr at the last step."""
-    lr, w = cfg.learning_rate, cfg.warmup_steps
+    lr, w = cfg.optim.learning_rate, cfg.optim.warmup_steps
     if t < w:
         return lr * (t + 1) / w
     span = cfg.steps - 1 - w
     frac = 1.0 if span <= 0 else min(1.0, (t - w) / span)
-    if cfg.lr_schedule == "linear":
-        return cfg.min_lr + (lr - cfg.min_lr) * (1 - frac)
-    if cfg.lr_schedule == "cosine":
-        return cfg.min_lr + (lr - cfg.min_lr) * (1 + math.cos(math.pi * frac)) / 2
+    if cfg.optim.lr_schedule == "linear":
+        return cfg.optim.min_lr + (lr - cfg.optim.min_lr) * (1 - frac)
+    if cfg.optim.lr_schedule == "cosine":
+        return cfg.optim.min_lr + (lr - cfg.optim.min_lr) * (1 + math.cos(math.pi * frac)) / 2
     return lr
 
 
 def _update(cfg: TrainConfig, opt, params, t: int) -> None:
     """Clip the gradient about to be applied (torch's own clip), set step t's rate, step."""
-    if cfg.clip_grad is not None:
-        torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad)
+    if cfg.optim.clip_grad is not None:
+        torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip_grad)
     for group in opt.param_groups:
         group["lr"] = _lr(cfg, t)
     opt.step()
@@ -70,7 +70,7 @@ def _update(cfg: TrainConfig, opt, params, t: int) -> None:
 
 def _batch_grad(cfg: TrainConfig, model, batch, step: int) -> float:
     """Accumulate the mean-over-global-batch gradient into model; return the mean loss."""
-    n = cfg.dp * cfg.micro_batches
+    n = cfg.parallel.dp * cfg.parallel.micro_batches
     losses = []
     loss_fn = loss_of(cfg.spec)  # the model's own loss (a LayerModel may bring one), else cross entropy
     for j in range(n):
@@ -101,7 +101,7 @@ def train_sync(cfg: TrainConfig, after_update=None) -> list[float]:
 def held_out_loss(cfg: TrainConfig, model) -> float:
     """Mean loss over the evaluation micro-batches every replica together evaluates."""
     batch = batch_fn(cfg, sampler_for(cfg, held_out=True))
-    n = cfg.dp * cfg.eval_batches
+    n = cfg.parallel.dp * cfg.data.eval_batches
     return sum(lm_loss(model(x), y).item() for x, y in (batch(0, i) for i in range(n))) / n
 
 
@@ -119,11 +119,11 @@ def train_2bw(cfg: TrainConfig, after_update=None) -> list[float]:
     for t in range(cfg.steps):
         out.append(_batch_grad(cfg, take, batch, t))
         before = copy.deepcopy(current)
-        if cfg.clip_grad is not None:
-            torch.nn.utils.clip_grad_norm_(list(take.parameters()), cfg.clip_grad)
+        if cfg.optim.clip_grad is not None:
+            torch.nn.utils.clip_grad_norm_(list(take.parameters()), cfg.optim.clip_grad)
         for p, q in zip(current.parameters(), take.parameters()):
             g = q.grad
-            if cfg.delay_compensation == "dc":
+            if cfg.optim.delay_compensation == "dc":
                 v = opt.state.get(p, {}).get("exp_avg_sq")
                 h = g * g / (v.sqrt() + 1e-8) if v is not None else g * g
                 g = g + 2.0 * h * (p.detach() - q.detach())
@@ -133,7 +133,7 @@ def train_2bw(cfg: TrainConfig, after_update=None) -> list[float]:
         opt.step()
         opt.zero_grad(set_to_none=True)
         published = copy.deepcopy(current)
-        if cfg.delay_compensation == "predict":
+        if cfg.optim.delay_compensation == "predict":
             with torch.no_grad():
                 for w_next, w_now in zip(published.parameters(), before.parameters()):
                     w_next.mul_(2.0).sub_(w_now)

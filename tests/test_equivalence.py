@@ -80,7 +80,7 @@ def test_2bw_differs_from_synchronous_training(runs):
     if the reference were wrong in the same way)."""
     cfg, losses = runs["2bw"]
     sync = train_sync(cfg)
-    at_w0 = train_sync(cfg.model_copy(update={"lr": 1e-30}))  # every batch on W(0)
+    at_w0 = train_sync(cfg.with_(lr=1e-30))  # every batch on W(0)
     assert losses[0] == pytest.approx(sync[0], rel=RTOL)  # both compute on W(0)
     assert losses[1] == pytest.approx(at_w0[1], rel=RTOL)  # step 1 still computes on W(0) ...
     assert abs(sync[1] - at_w0[1]) > 1e-4 * abs(sync[1])  # ... where synchronous training has W(1)
@@ -98,13 +98,13 @@ def test_clipping_and_schedules_act(runs, kind):
     reference match covers clipping), and the rate followed its schedule."""
     cfg, _ = runs[kind]
     rows = RUNS[kind]
-    assert any(r["grad_norm"] > cfg.clip_grad for r in rows)
+    assert any(r["grad_norm"] > cfg.optim.clip_grad for r in rows)
     lrs = [r["lr"] for r in rows]
-    if cfg.warmup_steps:
-        assert lrs[0] == pytest.approx(cfg.learning_rate / cfg.warmup_steps)
-        assert lrs[cfg.warmup_steps - 1] == pytest.approx(cfg.learning_rate)
-    if cfg.lr_schedule != "constant":
-        assert lrs[-1] == pytest.approx(cfg.min_lr, abs=1e-12)
+    if cfg.optim.warmup_steps:
+        assert lrs[0] == pytest.approx(cfg.optim.learning_rate / cfg.optim.warmup_steps)
+        assert lrs[cfg.optim.warmup_steps - 1] == pytest.approx(cfg.optim.learning_rate)
+    if cfg.optim.lr_schedule != "constant":
+        assert lrs[-1] == pytest.approx(cfg.optim.min_lr, abs=1e-12)
 
 
 @pytest.mark.parametrize("kind", ["2bw-predict", "2bw-dc-clip"])

@@ -19,7 +19,7 @@ from trirace.config import make_config  # noqa: E402
 from trirace.generate import load_model  # noqa: E402
 from trirace.models import lm_loss  # noqa: E402
 from trirace.runtime import run_local  # noqa: E402
-from trirace.runtime.trainer import batch_fn, sampler_for  # noqa: E402
+from trirace.data.batches import batch_fn, sampler_for  # noqa: E402
 
 TEXT = "".join(f"def add_{i}(a, b):\n    return a + b * {i % 7}\n\n" for i in range(600))
 
@@ -74,7 +74,7 @@ def test_step_0_is_the_transformers_models_loss(made, trained, name, cls):
     cfg, rows = trained[name]
     ref = getattr(transformers, cls).from_pretrained(made / name).eval()
     batch = batch_fn(cfg, sampler_for(cfg))
-    n = cfg.dp * cfg.micro_batches
+    n = cfg.parallel.dp * cfg.parallel.micro_batches
     with torch.no_grad():
         want = sum(lm_loss(ref(x).logits, y).item() for x, y in (batch(0, i) for i in range(n))) / n
     assert rows[0]["loss"] == pytest.approx(want, rel=1e-5)

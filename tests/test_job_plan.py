@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from trirace.cli import main
-from trirace.comm.driver import RECV_AHEAD, StageDriver
+from trirace.policy.driver import RECV_AHEAD, StageDriver
 from trirace.config import make_config
 from trirace.plan import Op
-from trirace.plan.job import plan_job
+from trirace.plan.planner import plan_job
 from trirace.plan.topology import Link, Topology, single_node
 from trirace.runtime.stage import StageModel
 from trirace.sim.cluster import load_cluster
-from trirace.sim.run import simulate
+from trirace.sim.simulate import simulate
 
 QUICK = dict(data="synthetic", micro_batch_size=2, seq_len=16, balance="params", progress=False)
 
@@ -32,7 +32,7 @@ def test_parameter_layout_matches_the_modules(model, pp, tie):
         m = StageModel(cfg.spec, st.layers, 0, 1, "adam", 1e-3, torch.device("cpu"))
         assert tuple(m.numels) == st.numels
         assert m.tied == st.tied_param
-        assert (m.table if cfg.dp > 1 else None) == st.sparse_param
+        assert (m.table if cfg.parallel.dp > 1 else None) == st.sparse_param
 
 
 def _two_level(nodes: int, per_node: int) -> Topology:
@@ -67,10 +67,10 @@ def test_hierarchy_and_chunks_are_the_policys_decision():
     tri = plan_job(cfg, topo)
     assert all(s.hierarchical for s in tri.stages)  # each stage's 4 replicas span 2 nodes
     assert tri.stages[0].policy.partition_bytes == 8 << 20  # 100 ms of 1 Gbit/s is 12.5 MB: capped
-    fifo = plan_job(cfg.model_copy(update={"comm_policy": "fifo"}), topo)
+    fifo = plan_job(cfg.with_(comm_policy="fifo"), topo)
     assert not any(s.hierarchical for s in fifo.stages)
     assert [a.op for a in fifo.schedule.actions[0]].count(Op.AR) == cfg.steps
-    blocking = plan_job(cfg.model_copy(update={"comm_policy": "blocking"}), topo)
+    blocking = plan_job(cfg.with_(comm_policy="blocking"), topo)
     # Blocking keeps AR right after the step's last backward; the others defer it.
     first_ar = [str(a) for a in blocking.schedule.actions[0]].index("AR0")
     assert str(blocking.schedule.actions[0][first_ar - 1]).startswith("B")

@@ -21,7 +21,7 @@ def saved_bytes(cfg) -> list[int]:
     spec = cfg.spec
     layers = build_layers(spec, 0)
     weights = {p.untyped_storage().data_ptr() for layer in layers for p in layer.parameters()}
-    ids = torch.randint(0, spec.vocab_size, (cfg.micro_batch_size, cfg.tokens_seq))
+    ids = torch.randint(0, spec.vocab_size, (cfg.parallel.micro_batch_size, cfg.tokens_seq))
     out, h = [], ids
     for i, layer in enumerate(layers):
         seen: dict[int, int] = {}
@@ -50,7 +50,7 @@ def test_activations_per_layer_are_what_autograd_keeps(model, shape):
     real = saved_bytes(cfg)
     names = layer_names(cfg.spec)
     for i, got in enumerate(real):
-        modelled = stage_memory(cfg.spec, range(i, i + 1), cfg.micro_batch_size, cfg.tokens_seq, 1, 1)["activations"]
+        modelled = stage_memory(cfg.spec, range(i, i + 1), cfg.parallel.micro_batch_size, cfg.tokens_seq, 1, 1)["activations"]
         assert abs(modelled - got) <= max(0.1 * got, 8 * 1024 + 0.02 * modelled), (names[i], modelled, got)
 
 
@@ -59,9 +59,9 @@ def test_the_estimate_sizes_the_stages_the_job_runs():
     more than the four blocks; the runtime's measured split is 6,1): the estimate must size
     that split, not the parameter balance's 3,4."""
     cfg = make_config({"model": "gpt-tiny", "pp": 2})
-    by_params = estimate(cfg.model_copy(update={"balance": "params"}), 1e12, "x")
-    assert by_params.per_rank == estimate(cfg.model_copy(update={"partition": [3, 4]}), 1e12, "x").per_rank
-    head_alone = estimate(cfg.model_copy(update={"partition": [6, 1]}), 1e12, "x")
+    by_params = estimate(cfg.with_(balance="params"), 1e12, "x")
+    assert by_params.per_rank == estimate(cfg.with_(partition=[3, 4]), 1e12, "x").per_rank
+    head_alone = estimate(cfg.with_(partition=[6, 1]), 1e12, "x")
     by_time = estimate(cfg, 1e12, "x")
     assert by_time.per_rank != by_params.per_rank
     assert by_time.per_rank == pytest.approx(head_alone.per_rank, rel=0.01)  # the norm's side is a tie in FLOPs
@@ -91,7 +91,8 @@ def test_a_job_that_fits_only_without_the_retained_heap_is_warned(capsys, monkey
 _PROFILE_KEEPS = r"""
 from trirace.config import make_config
 from trirace.runtime import allocator
-from trirace.runtime.trainer import _peak_rss_mb, _reset_peak_rss, _rss_mb, measure_layers
+from trirace.obs.memory import peak_rss_mb as _peak_rss_mb, reset_peak_rss as _reset_peak_rss, rss_mb as _rss_mb
+from trirace.runtime.trainer import measure_layers
 allocator.use()  # as the launcher, before it times the layers
 cfg = make_config({"model": "gpt2-small", "data": "synthetic", "micro_batch_size": 1, "seq_len": 16, "pp": 4, "dp": 1})
 measure_layers(make_config({"model": "gpt-test", "data": "synthetic"}))  # imports and first-use allocations

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trirace.comm import POLICIES
+from trirace.policy import POLICIES
 from trirace.config import make_config
 from trirace.obs.commcheck import check
 from trirace.plan import KINDS
@@ -87,17 +87,17 @@ def test_every_schedule_and_policy_is_clean_under_nccl_rules(request, tmp_path, 
     seen_comms: set[str] = set()
     losses: dict[tuple, list[float]] = {}
     for name, cfg, rows in runs:
-        report = check(cfg.comm_log)
+        report = check(cfg.observe.comm_log)
         assert report.ok, f"{name}: {report.summary()}"
         assert report.ranks == cfg.world_size and report.ops > 0
-        comms = {json.loads(line).get("comm", "") for f in cfg.comm_log.glob("rank-*.jsonl")
+        comms = {json.loads(line).get("comm", "") for f in cfg.observe.comm_log.glob("rank-*.jsonl")
                  for line in f.read_text().splitlines()}
         seen_comms |= {c.split("/")[0] for c in comms}
-        if cfg.pp > 1:  # one communicator per direction of each pipeline link
+        if cfg.parallel.pp > 1:  # one communicator per direction of each pipeline link
             assert any(c.startswith("fwd/") for c in comms) and any(c.startswith("bwd/") for c in comms), name
-        if cfg.dp > 1:
+        if cfg.parallel.dp > 1:
             assert any(c.startswith("dp/") for c in comms), name
-        if cfg.tie_embeddings and cfg.pp > 1:
+        if cfg.model.tie_embeddings and cfg.parallel.pp > 1:
             assert any(c.startswith("tie/") for c in comms), name
         if layout == "2x2":  # same math as pre-change main recorded. Not bitwise: that was another
             # CPU, and torch's kernels round differently per instruction set (AVX2, AVX-512);
@@ -107,17 +107,17 @@ def test_every_schedule_and_policy_is_clean_under_nccl_rules(request, tmp_path, 
         # dp <= 2. With more replicas, gloo's ring sums each element in an order set by its
         # position in the reduced buffer, so chunk sizes and trirace's hierarchical
         # all-reduce round differently (about 1e-8 relative).
-        key = (cfg.schedule, cfg.micro_batches, cfg.embedding_comm, cfg.tie_embeddings, cfg.clip_grad)
+        key = (cfg.parallel.schedule, cfg.parallel.micro_batches, cfg.comm.embedding_comm, cfg.model.tie_embeddings, cfg.optim.clip_grad)
         got = [r["loss"] for r in rows]
         want = losses.setdefault(key, got)
-        assert want == got if cfg.dp <= 2 else want == pytest.approx(got, rel=1e-6), name
+        assert want == got if cfg.parallel.dp <= 2 else want == pytest.approx(got, rel=1e-6), name
     if layout == "2x4":  # 4 nodes x 2 ranks, slow uplinks: trirace's groups go hierarchical
         assert {"hier-local", "hier-leaders"} <= seen_comms
 
 
 @pytest.fixture(scope="module")
 def clean_log(recorded_runs):
-    return next(cfg.comm_log for name, cfg, _ in recorded_runs if name == "2bw/trirace")
+    return next(cfg.observe.comm_log for name, cfg, _ in recorded_runs if name == "2bw/trirace")
 
 
 def _rows(d: Path, rank: int) -> list[dict]:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from trirace.bench.placement import auto_order, cell_config, run_cell
-from trirace.comm.policies import POLICIES
+from trirace.policy.policies import POLICIES
 from trirace.config import make_config
 from trirace.plan.bounds import plan_link_bytes, steady_steps
-from trirace.plan.job import plan_job, table_sent
+from trirace.plan.planner import plan_job, table_sent
 from trirace.plan.placement import candidates
 from trirace.plan.topology import Link, Topology
 from trirace.sim.cluster import load_cluster
-from trirace.sim.run import simulate
+from trirace.sim.simulate import simulate
 
 FAST, SLOW = Link(100e9, 2e-6), Link(250e6, 1e-4)
 TWO_BY_TWO = Topology(2, 2, FAST, SLOW)
@@ -69,8 +69,8 @@ def test_the_roce_case_that_auto_lost_by_2_4x():
     cfg = cell_config("gpt2-xl", 8, 16, 16, 1, steps=5)
     order = auto_order(cfg, cluster)
     assert order != "pp-inner"
-    picked = simulate(cfg.model_copy(update={"rank_order": order}), cluster, "trirace")
-    dp_inner = simulate(cfg.model_copy(update={"rank_order": "dp-inner"}), cluster, "trirace")
+    picked = simulate(cfg.with_(rank_order=order), cluster, "trirace")
+    dp_inner = simulate(cfg.with_(rank_order="dp-inner"), cluster, "trirace")
     assert picked.rank_order == order
     assert picked.iteration_time_s <= dp_inner.iteration_time_s * 1.0001
     assert picked.iteration_time_s >= picked.lower_bound_s
@@ -122,10 +122,10 @@ def test_auto_placement_weighs_collectives_at_the_bus_bandwidth():
     slow = {c.order: c for c in plan_job(cfg, TWO_BY_TWO, collective_factor=3.0).placements}
     assert set(plain) == set(slow) and len(plain) > 1
     for order, c in plain.items():
-        nominal = plan_link_bytes(plan_job(cfg.model_copy(update={"rank_order": order}), TWO_BY_TWO),
-                                   cfg.micro_batches, cfg.activation_bytes)
-        reduced = plan_link_bytes(plan_job(cfg.model_copy(update={"rank_order": order}), TWO_BY_TWO),
-                                  cfg.micro_batches, cfg.activation_bytes, collective_factor=3.0)
+        nominal = plan_link_bytes(plan_job(cfg.with_(rank_order=order), TWO_BY_TWO),
+                                   cfg.parallel.micro_batches, cfg.activation_bytes)
+        reduced = plan_link_bytes(plan_job(cfg.with_(rank_order=order), TWO_BY_TWO),
+                                  cfg.parallel.micro_batches, cfg.activation_bytes, collective_factor=3.0)
         assert slow[order].link_s == pytest.approx(max(reduced.values()) / SLOW.bytes_per_s)
         assert c.link_s == pytest.approx(max(nominal.values()) / SLOW.bytes_per_s)
         assert slow[order].link_s >= c.link_s

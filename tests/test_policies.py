@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trirace.comm import POLICIES
+from trirace.policy import POLICIES
 from trirace.config import make_config
 from trirace.runtime import run_local
 
@@ -32,7 +32,7 @@ def pp2dp2():
 
 def test_losses_bitwise_identical_across_policies(pp2dp2):
     cfgs, res = pp2dp2
-    got = {c.comm_policy: losses for c, losses in zip(cfgs[:4], _losses(res[:4]))}
+    got = {c.comm.policy: losses for c, losses in zip(cfgs[:4], _losses(res[:4]))}
     assert set(got) == set(POLICIES)
     assert all(len(v) == 6 for v in got.values())
     for p in POLICIES:
@@ -47,14 +47,14 @@ def test_straggler_replica_keeps_the_math(pp2dp2):
     reference = _losses(res[:1])[0]
     assert len(reference) == 6
     for c, losses in zip(cfgs[4:8], _losses(res[4:8]), strict=True):
-        assert losses == reference, c.comm_policy
+        assert losses == reference, c.comm.policy
 
 
 def test_autotune_agrees_on_every_rank_and_keeps_the_math(pp2dp2):
     """Trials change the chunking step by step; replicas that disagreed would all-reduce
     different slices (a hang or an error), and a wrong tuner would change the losses."""
-    from trirace.comm.autotune import TRIALS, Tuner
-    from trirace.comm import make_policy
+    from trirace.policy.autotune import TRIALS, Tuner
+    from trirace.policy import make_policy
 
     cfgs, res = pp2dp2
     tuned, blocking = res[8], res[9]
@@ -72,7 +72,7 @@ def test_metrics_report_exposed_communication(pp2dp2):
     for c, rows in zip(cfgs[:4], res[:4], strict=True):
         assert len(rows) == c.steps
         for r in rows:
-            assert r["comm_policy"] == c.comm_policy
+            assert r["comm_policy"] == c.comm.policy
             assert r["exposed_p2p_s"] >= 0 and r["exposed_allreduce_s"] >= 0
             assert r["transfers"] > 0
         # Exposed time is attributed to the step that owns the data, step time is a window:
@@ -84,10 +84,10 @@ def test_metrics_report_exposed_communication(pp2dp2):
         for i in range(c.world_size):
             compute, engine, process = (sum(r[k][i] for r in rows)
                                         for k in ("rank_compute_cpu_s", "rank_engine_cpu_s", "rank_cpu_s"))
-            assert 0 < compute <= engine <= process, (c.comm_policy, i, compute, engine, process)
+            assert 0 < compute <= engine <= process, (c.comm.policy, i, compute, engine, process)
             # its communication threads (gloo's loops at least) woke while it trained
             assert not Path("/proc/self/task").is_dir() or sum(r["rank_wakeups"][i] for r in rows) > 0, \
-                (c.comm_policy, i)
+                (c.comm.policy, i)
         # where the reporter's host spent its cores' time in each step, all of it accounted
         shares = [r["host_cpu_share"] for r in rows if r["host_cpu_share"] is not None]
         assert len(shares) >= (len(rows) // 2 if Path("/proc/stat").exists() else 0)  # (None: no tick passed)
@@ -114,14 +114,14 @@ def test_no_deadlock_across_layouts_and_policies(pp, dp, tmp_path):
     cfgs = [make_config(base, schedule="2bw", micro_batches=max(pp, 2), comm_policy=p) for p in POLICIES]
     cfgs.append(make_config(base, schedule="1f1b", micro_batches=1, comm_policy="trirace"))
     cfgs.append(make_config(base, schedule="gpipe", micro_batches=3, comm_policy="fifo"))
-    cfgs = [c.model_copy(update={"comm_log": tmp_path / str(i)}) for i, c in enumerate(cfgs)]
+    cfgs = [c.with_(comm_log=tmp_path / str(i)) for i, c in enumerate(cfgs)]
     res = run_local(cfgs, timeout_s=240)
     losses = _losses(res)
     assert all(len(x) == 2 for x in losses)
     for p, got in zip(POLICIES, losses, strict=False):  # the policies' runs come first
         assert got == losses[0], p
     for c in cfgs:
-        report = check(c.comm_log)
+        report = check(c.observe.comm_log)
         assert report.ok and report.ranks == pp * dp, report.summary()
 
 

@@ -3,8 +3,8 @@ pure scheduler gets events and its launches are recorded, with no processes invo
 
 import pytest
 
-from trirace.comm import CommScheduler, make_policy
-from trirace.comm.policies import MiB
+from trirace.policy import CommScheduler, make_policy
+from trirace.policy.policies import MiB
 from trirace.plan.transfers import plan_reduction
 
 

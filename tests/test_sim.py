@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trirace.comm import make_policy
+from trirace.policy import make_policy
 from trirace.config import make_config
 from trirace.plan import Layout, Op, build_schedule
 from trirace.plan.schedule import schedule_for_policy
@@ -25,7 +25,7 @@ from trirace.sim.executor import Simulation, StageWork
 from trirace.sim.fabric import Fabric
 from trirace.sim.host import HostCpu
 from trirace.sim.network import Network
-from trirace.sim.run import ring, simulate
+from trirace.sim.simulate import ring, simulate
 
 
 def cli(*args: str) -> SimpleNamespace:
@@ -272,7 +272,7 @@ def test_calibration_round_trips_and_checks_its_shapes(tmp_path):
     r = simulate(cfg, load_cluster("testbed"), "blocking", back)
     assert r.compute_source == "calibration"
     with pytest.raises(Exception, match="calibration is for gpt-test"):
-        simulate(cfg.model_copy(update={"micro_batch_size": 4}), load_cluster("testbed"), "blocking", back)
+        simulate(cfg.with_(micro_batch_size=4), load_cluster("testbed"), "blocking", back)
     with pytest.raises(Exception, match="taken on cluster 'testbed'"):
         simulate(cfg, load_cluster("a100-ib"), "blocking", back)
 

@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trirace.comm import make_policy
+from trirace.policy import make_policy
 from trirace.config import make_config
 from trirace.errors import UsageError
 from trirace.models.build import layer_param_numels
@@ -30,7 +30,7 @@ from trirace.runtime.calibrate import (Contention, compute_now, copy_rate, cpu_c
                                       link_queue, link_share, median_contention, optimizer_time, per_byte_beside,
                                       plausible, probe_pair, refusal, stalled, step_gradients, step_work_s,
                                       thread_curve_point)
-from trirace.runtime.trainer import batch_fn, sampler_for
+from trirace.data.batches import batch_fn, sampler_for
 from trirace.sim import report
 from trirace.sim.calibration import Calibration, load_calibration
 from trirace.sim.cluster import PRESET_FILE, PRESETS, load_cluster
@@ -39,7 +39,7 @@ from trirace.sim.executor import Simulation, StageWork
 from trirace.sim.fabric import Fabric
 from trirace.sim.host import HostCpu
 from trirace.sim.network import Network
-from trirace.sim.run import chunk_choices, ring, simulate
+from trirace.sim.simulate import chunk_choices, ring, simulate
 
 
 # ------------------------------------------------------------------ the shared host
@@ -631,7 +631,7 @@ _SPREAD_8 = Calibration(**{**_HOST.__dict__, "compute_spread": [0.02] + [0.1] * 
        tie=st.booleans(), m=st.sampled_from([4, 6]))
 def test_no_simulated_run_beats_the_lower_bound(layout, where, rate, policy, tie, m):
     # stop 42: 1x4 @ 50 Mbit trirace, tied, m=4 alternated 0.278 / 0.176 s steps about a
-    # 0.227 s link bound; a median step or an odd window's mean beat it (sim/run.py)
+    # 0.227 s link bound; a median step or an odd window's mean beat it (sim/simulate.py)
     pp, dp = layout
     cfg = make_config({"model": "gpt-test", "pp": pp, "dp": dp, "micro_batches": m, "micro_batch_size": 2,
                        "seq_len": 64, "steps": 7, "data": "synthetic", "tie_embeddings": tie})

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trirace.comm.sparse import (METHODS, SPARSE_BYTE_COST, breakdown, choose, crossovers, estimate, expected_union, owner_of,
+from trirace.policy.sparse import (METHODS, SPARSE_BYTE_COST, breakdown, choose, crossovers, estimate, expected_union, owner_of,
                                  owner_range)
 
 WORLD = 4
@@ -195,7 +195,7 @@ def test_the_local_passes_profile_times_are_the_allgather_methods_own():
     cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 2, "data": "synthetic"})
     assert 0 < sparse_local_s(cfg, 300) < 1.0
     # measured with two replicas' rows even for a job without replicas: a sweep prices other layouts from it
-    assert 0 < sparse_local_s(cfg.model_copy(update={"dp": 1}), 300) < 1.0
+    assert 0 < sparse_local_s(cfg.with_(dp=1), 300) < 1.0
 
 
 # ---------------------------------------------------------------- the pure cost model

@@ -2,8 +2,8 @@
 
 import pytest
 
-from trirace.comm import CommScheduler, make_policy
-from trirace.comm.policies import MiB
+from trirace.policy import CommScheduler, make_policy
+from trirace.policy.policies import MiB
 from trirace.config import make_config
 from trirace.errors import UsageError
 from trirace.plan.topology import (INTER, INTRA, Link, Topology, hierarchical_pays,
@@ -107,7 +107,7 @@ def test_topology_must_match_the_job(tmp_path):
 def test_trirace_chunks_bound_how_long_an_overtaking_p2p_waits(rate):
     """A P2P that arrives while a chunk is on the wire waits for at most that chunk: its
     size follows the link so the wait stays near 100 ms on slow links and far below on fast."""
-    from trirace.comm.policies import sized_for_link
+    from trirace.policy.policies import sized_for_link
 
     bw = parse_rate(rate) / 8
     p = sized_for_link(make_policy("trirace"), bw)

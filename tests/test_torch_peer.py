@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
+from trirace.bench.side_by_side import PEER_RUNNER
 from trirace.bench.torch_peer import run_peer
 from trirace.config import TrainConfig, make_config
 from trirace.errors import UsageError
@@ -23,7 +24,7 @@ def runs() -> tuple[TrainConfig, list[dict], list[dict], list[dict]]:
     cfg = make_config(base, schedule="1f1b", comm_policy="blocking")
     # The other placement too: the peer's pipeline groups must follow the layout, not rank order.
     pp_inner = make_config(base, schedule="1f1b", comm_policy="blocking", rank_order="pp-inner")
-    peer, tri, peer_pp_inner = run_local([cfg, cfg, pp_inner], systems=["torch-1f1b", "trirace", "torch-1f1b"],
+    peer, tri, peer_pp_inner = run_local([cfg, cfg, pp_inner], systems=[PEER_RUNNER, "trirace", PEER_RUNNER],
                                          timeout_s=120)
     return cfg, peer, tri, peer_pp_inner
 

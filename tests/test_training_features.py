@@ -44,7 +44,7 @@ def test_evaluation_matches_a_single_process_reference(tmp_path):
         assert got[step] == pytest.approx(want[step], rel=1e-5), step
     assert [r["loss"] for r in rows] == pytest.approx(losses, rel=1e-5)  # training reads the head only
     assert rows[-1]["val_perplexity"] == pytest.approx(math.exp(got[4]))
-    report = check(cfg.comm_log)
+    report = check(cfg.observe.comm_log)
     assert report.ok, report.summary()
 
 
@@ -217,7 +217,7 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
 
 _PEAK_RESET = r"""
 import json
-from trirace.runtime.trainer import _peak_rss_mb, _reset_peak_rss
+from trirace.obs.memory import peak_rss_mb as _peak_rss_mb, reset_peak_rss as _reset_peak_rss
 block = bytearray(300 << 20)  # one mmap under glibc's defaults: returned to the kernel when freed
 block[::4096] = b"\1" * len(block[::4096])
 del block
@@ -252,7 +252,7 @@ dist.init_process_group(gloo.backend("gloo"), init_method=f"file://{store}", ran
 cfg = make_config(dict(model="gpt-test", data="synthetic", steps=2, micro_batch_size=2, seq_len=32, pp=2, dp=1,
                        micro_batches=2, progress=False, probe=True, eval_every=1, eval_batches=1))
 after = []
-for system in ("trirace", "torch-1f1b", "trirace", "trirace"):
+for system in ("trirace", "trirace.bench.torch_peer:run_peer", "trirace", "trirace"):
     run_jobs([{"system": system, "config": cfg.model_dump(mode="json")}], Path(out).parent)
     after.append({"groups": len(c10d._world.pg_map), "threads": len(os.listdir("/proc/self/task"))})
 if rank == 0:

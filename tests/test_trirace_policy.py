@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from trirace.comm import make_policy
-from trirace.comm.driver import StageDriver
+from trirace.policy import make_policy
+from trirace.policy.driver import StageDriver
 from trirace.plan import Op, build_schedule
 
 RATE = 1e6  # bytes/s on the inter-node link: a 100 kB activation crosses in 0.1 s

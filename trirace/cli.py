@@ -12,9 +12,9 @@ import sys
 import typing
 from pathlib import Path
 
-from .comm.policies import POLICIES as POLICY_NAMES
+from .policy.policies import POLICIES as POLICY_NAMES
 from . import preflight
-from .config import TrainConfig, make_config
+from .config import FLAGS, TOP_LEVEL, TrainConfig, make_config
 from .errors import Diverged, UsageError
 
 
@@ -23,33 +23,43 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"trirace: error: {message}\n")
 
 
-def _add_config_flags(p: argparse.ArgumentParser, model: type[TrainConfig], only: tuple[str, ...] | None = None) -> None:
+def _add_config_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """One flag per option of TrainConfig (config.FLAGS), grouped by its section in --help."""
     p.add_argument("--config", metavar="FILE.yaml", help="YAML file with the same keys as the flags")
-    for name, field in model.model_fields.items():
+    options = [(name, "run", TrainConfig.model_fields[name]) for name in TOP_LEVEL]
+    options += [(name, section, info) for name, (section, _, info) in FLAGS.items()]
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for name, section, field in options:
         if (only is not None and name not in only) or name == "layer_model":  # layer_model: Python API only
             continue
-        flag = "--" + name.replace("_", "-")
-        kind = field.annotation
-        shown = field.default if field.default is not None else "see below"
-        help_ = f"{field.description or name.replace('_', ' ')} (default: {shown})"
-        kw: dict = {"dest": name, "default": None, "help": help_ if field.default is not None else field.description}
-        if kind is bool:
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-            continue
-        if name == "resume":  # a bare --resume means auto
-            p.add_argument(flag, nargs="?", const="auto", choices=typing.get_args(kind), **kw)
-            continue
-        args = typing.get_args(kind)
-        if typing.get_origin(kind) is typing.Literal:
-            kw["choices"] = list(args)
-        elif kind in (int, float) or int in args or float in args:
-            kw["type"] = float if (kind is float or float in args) else int
-            kw["metavar"] = "N"
-        elif name == "partition":
-            kw["metavar"] = "N,N,..."
-        elif Path in args:
-            kw["metavar"] = "DIR" if name in ("checkpoint_dir", "trace_out", "comm_log") else "FILE"
-        p.add_argument(flag, **kw)
+        if section not in groups:
+            groups[section] = p.add_argument_group(f"{section} options")
+        _add_flag(groups[section], name, field)
+
+
+def _add_flag(p: argparse._ArgumentGroup, name: str, field) -> None:
+    flag = "--" + name.replace("_", "-")
+    kind = field.annotation
+    shown = field.default if field.default is not None else "see below"
+    help_ = f"{field.description or name.replace('_', ' ')} (default: {shown})"
+    kw: dict = {"dest": name, "default": None, "help": help_ if field.default is not None else field.description}
+    if kind is bool:
+        p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        return
+    if name == "resume":  # a bare --resume means auto
+        p.add_argument(flag, nargs="?", const="auto", choices=typing.get_args(kind), **kw)
+        return
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) is typing.Literal:
+        kw["choices"] = list(args)
+    elif kind in (int, float) or int in args or float in args:
+        kw["type"] = float if (kind is float or float in args) else int
+        kw["metavar"] = "N"
+    elif name == "partition":
+        kw["metavar"] = "N,N,..."
+    elif Path in args:
+        kw["metavar"] = "DIR" if name in ("checkpoint_dir", "trace_out", "comm_log", "export_hf") else "FILE"
+    p.add_argument(flag, **kw)
 
 
 SYSTEMS = ("blocking", "fifo", "priority", "trirace", "torch-1f1b")
@@ -77,11 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "multidimensional communication scheduling.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     train = sub.add_parser("train", help="train a model (spawns pp x dp local processes, or runs under torchrun)")
-    _add_config_flags(train, TrainConfig)
+    _add_config_flags(train)
     _add_dry_run(train)
     bench = sub.add_parser("bench", help="every communication policy and the torch.distributed.pipelining peer, "
                            "side by side on an emulated cluster")
-    _add_config_flags(bench, TrainConfig)
+    _add_config_flags(bench)
     _add_cluster_flags(bench)
     bench.add_argument("--rounds", type=int, default=3, help="interleaved rounds per system; the table shows each "
                        "round's median as the spread (default: 3)")
@@ -94,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dry_run(bench)
     plan = sub.add_parser("plan", help="print the job plan a train command would run (partition, placement, "
                           "policies, schedule, reduction), without training")
-    _add_config_flags(plan, TrainConfig)
+    _add_config_flags(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     check = sub.add_parser("commcheck", help="replay the logs of --comm-log DIR under NCCL's rules: "
                            "exit 0 when clean, 1 naming the first deadlock or mismatch")
@@ -112,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "the directory has no tokenizer.json (default: stdlib)")
     sim = sub.add_parser("simulate", help="predict iteration time, overlap and memory of a job on a cluster, "
                          "without running it (same schedules and policies, simulated executor)")
-    _add_config_flags(sim, TrainConfig, JOB_FIELDS)
+    _add_config_flags(sim, JOB_FIELDS)
     sim.add_argument("--cluster", default="testbed", help="preset (see --list-clusters) or YAML file (default: testbed)")
     sim.add_argument("--nodes", type=int, help="nodes (default: as many as pp x dp needs)")
     sim.add_argument("--ranks-per-node", type=int, help="devices per node (default: the preset's)")
@@ -125,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--list-clusters", action="store_true", help="list the cluster presets and exit")
     prof = sub.add_parser("profile", help="measure per-layer compute, links and data here; write a calibration file "
                           "for trirace simulate")
-    _add_config_flags(prof, TrainConfig, JOB_FIELDS)
+    _add_config_flags(prof, JOB_FIELDS)
     prof.add_argument("--out", default="calibration.json", metavar="FILE", help="(default: calibration.json)")
     prof.add_argument("--cluster", default="testbed", help="the cluster preset this machine stands for (default: testbed)")
     prof.add_argument("--link", help="also measure an emulated inter-node link of this rate (root; e.g. 250mbit)")
@@ -185,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _config(args: argparse.Namespace, **defaults) -> TrainConfig:
-    values = {k: getattr(args, k, None) for k in TrainConfig.model_fields}
+    values = {k: getattr(args, k, None) for k in (*TOP_LEVEL, *FLAGS)}
     return make_config({**defaults, **{k: v for k, v in values.items() if v is not None}}, config_file=args.config)
 
 
@@ -220,7 +230,7 @@ def _show_plan(cfg: TrainConfig, as_json: bool) -> int:
     """What train would run, after every check train makes before it starts a process."""
     import json
 
-    from .plan.job import plan_job
+    from .plan.planner import plan_job
     from .plan.memory import GiB, estimate, host_budget, retained_factor
     from .plan.topology import load_topology, single_node
     from .runtime.checkpoint import resume_line, resume_point
@@ -228,20 +238,20 @@ def _show_plan(cfg: TrainConfig, as_json: bool) -> int:
     from .runtime.trainer import measure_layers
 
     cfg = prepare(cfg)  # what train does before spawning: paths and data checked, partition fixed
-    topo = load_topology(cfg.topology) if cfg.topology else single_node(cfg.world_size)
+    topo = load_topology(cfg.comm.topology) if cfg.comm.topology else single_node(cfg.world_size)
     plan = plan_job(cfg, topo, lambda: measure_layers(cfg))  # auto placement weighs layer times too
     if as_json:
         print(json.dumps(plan.to_dict(), indent=2))
         return 0
     print(plan.describe())
-    on_gpu = resolve_backend(cfg.backend, cfg.world_size) == "nccl"
+    on_gpu = resolve_backend(cfg.comm.backend, cfg.world_size) == "nccl"
     est = estimate(cfg, *host_budget(cfg.world_size, on_gpu))
     kept = f" (up to {retained_factor(on_gpu)}x with the heap the allocator keeps)" if not on_gpu else ""
     print(f"memory: about {', '.join(f'{x / GiB:.2f}' for x in est.per_rank)} GiB per rank at the peak, by stage"
           f"{kept}; {est.where} is {est.budget / GiB:.1f} GiB")
-    if cfg.probe:
+    if cfg.comm.probe:
         print("(links as given; train probes them at start-up, which can change trirace's chunk size)")
-    if line := resume_line(cfg, *resume_point(cfg, cfg.partition)):
+    if line := resume_line(cfg, *resume_point(cfg, cfg.parallel.partition)):
         print(line)
     return 0
 
@@ -270,7 +280,7 @@ def _bench(args: argparse.Namespace) -> int:
         prepare(cfg)
         print(f"dry run: would bench {', '.join(systems)} on {cluster.describe()}, {args.rounds} round(s)")
         return 0
-    print(f"bench: {cfg.model} {cfg.schedule} pp={cfg.pp} dp={cfg.dp} m={cfg.micro_batches}, "
+    print(f"bench: {cfg.model.name} {cfg.parallel.schedule} pp={cfg.parallel.pp} dp={cfg.parallel.dp} m={cfg.parallel.micro_batches}, "
           f"{cfg.tokens_per_step} tokens/step; {cluster.describe()}; {args.rounds} round(s) x {cfg.steps} steps "
           f"per system: {', '.join(systems)}", file=sys.stderr, flush=True)
     payload = bench.run(cfg, cluster, systems, args.rounds)
@@ -373,9 +383,9 @@ def _profile(args: argparse.Namespace) -> int:
         from .runtime.launch import prepare
 
         prepare(cfg)
-        print(f"dry run: would profile {cfg.model} and write {args.out}")
+        print(f"dry run: would profile {cfg.model.name} and write {args.out}")
         return 0
-    print(f"profile: {cfg.model}, micro-batches of {cfg.micro_batch_size} x {cfg.tokens_seq} tokens, "
+    print(f"profile: {cfg.model.name}, micro-batches of {cfg.parallel.micro_batch_size} x {cfg.tokens_seq} tokens, "
           f"as one of {cfg.world_size} ranks here{f'; links at {args.link}' if args.link else ''}",
           file=sys.stderr, flush=True)
     cal = profile(cfg, args.cluster, args.link, args.mtu, rounds=args.rounds, probe_s=args.probe_seconds)

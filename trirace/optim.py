@@ -171,8 +171,8 @@ class UpdateRule:
     @classmethod
     def of(cls, cfg) -> "UpdateRule":
         """From a TrainConfig."""
-        return cls(cfg.learning_rate, cfg.steps, cfg.lr_schedule, cfg.warmup_steps, cfg.min_lr, cfg.clip_grad,
-                   cfg.on_nonfinite, cfg.delay_compensation)
+        return cls(cfg.optim.learning_rate, cfg.steps, cfg.optim.lr_schedule, cfg.optim.warmup_steps, cfg.optim.min_lr, cfg.optim.clip_grad,
+                   cfg.faults.on_nonfinite, cfg.optim.delay_compensation)
 
     def lr_at(self, step: int) -> float:
         return lr_at(step, self.lr, self.steps, self.schedule, self.warmup_steps, self.min_lr)

@@ -39,16 +39,16 @@ def output_file(path: str | Path, flag: str) -> None:
 
 def train_outputs(cfg) -> None:
     """Every path a training run writes (cfg: TrainConfig)."""
-    for flag, d in (("--checkpoint-dir", cfg.checkpoint_dir), ("--trace-out", cfg.trace_out),
-                    ("--comm-log", cfg.comm_log)):
+    for flag, d in (("--checkpoint-dir", cfg.checkpoint.dir), ("--trace-out", cfg.observe.trace_out),
+                    ("--comm-log", cfg.observe.comm_log)):
         if d is not None:
             output_dir(d, flag)
-    if cfg.metrics_out is not None:
-        output_file(cfg.metrics_out, "--metrics-out")
-    if cfg.export_hf is not None:
-        output_dir(cfg.export_hf, "--export-hf")
-        p = Path(cfg.export_hf)
-        if p.is_dir() and any(p.iterdir()) and not cfg.overwrite:
+    if cfg.observe.metrics_out is not None:
+        output_file(cfg.observe.metrics_out, "--metrics-out")
+    if cfg.checkpoint.export_hf is not None:
+        output_dir(cfg.checkpoint.export_hf, "--export-hf")
+        p = Path(cfg.checkpoint.export_hf)
+        if p.is_dir() and any(p.iterdir()) and not cfg.checkpoint.overwrite:
             raise UsageError(f"--export-hf {p}: not empty (pass --overwrite to replace it)")
 
 

@@ -17,14 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-from ..comm.policies import POLICIES
+from ..policy.policies import POLICIES
 from ..config import TrainConfig, make_config
-from ..plan.job import plan_job
+from ..plan.planner import plan_job
 from ..plan.placement import candidates
 from ..plan.topology import INTER
 from ..sim.cluster import Cluster, load_cluster
 from ..sim.compute import ComputeModel
-from ..sim.run import simulate
+from ..sim.simulate import simulate
 
 # (preset, ranks per node or None for the preset's, model, pp, dp, micro-batches, micro-batch size)
 GRID = [
@@ -47,7 +47,7 @@ def cell_config(model: str, pp: int, dp: int, m: int, mbs: int, steps: int, **kw
 
 def auto_order(cfg: TrainConfig, cluster: Cluster) -> str:
     """The order plan_job picks for `cfg` on `cluster`, from the simulator's compute model."""
-    compute = ComputeModel.build(cfg.spec, cfg.micro_batch_size, cfg.tokens_seq, cluster.device, cfg.optimizer)
+    compute = ComputeModel.build(cfg.spec, cfg.parallel.micro_batch_size, cfg.tokens_seq, cluster.device, cfg.optim.optimizer)
     times = [f + b for f, b in zip(compute.forward_s, compute.backward_s)]
     return plan_job(cfg, cluster.topology(cfg.world_size), lambda: times,
                     collective_factor=cluster.collective_factor(INTER)).layout.order
@@ -63,7 +63,7 @@ def run_cell(preset: str, rpn: int | None, model: str, pp: int, dp: int, m: int,
     beaten = []
     for order in candidates(pp, dp, topo):
         for policy in policies:
-            r = simulate(cfg.model_copy(update={"rank_order": order}), cluster, policy)
+            r = simulate(cfg.with_(rank_order=order), cluster, policy)
             if policy == "trirace":
                 times[order] = r.iteration_time_s
             if r.iteration_time_s < r.lower_bound_s * (1 - 1e-9):

@@ -21,13 +21,14 @@ from ..config import TrainConfig
 from ..errors import UsageError
 from ..plan.bounds import (DRAIN_STEPS, WARMUP_STEPS, Bound, lower_bound, per_rank_median, plan_link_bytes,
                            steady_steps)
-from ..plan.job import plan_job
+from ..plan.planner import plan_job
 from ..plan.topology import DEFAULT_INTRA, Link, Topology, parse_rate
 from ..runtime import allocator, run_local
 from ..runtime.launch import prepare
 from ..runtime.trainer import measure_layers
 
 SYSTEMS = ("blocking", "fifo", "priority", "trirace", "torch-1f1b")
+PEER_RUNNER = "trirace.bench.torch_peer:run_peer"  # what each rank runs for torch-1f1b
 
 
 @dataclass(frozen=True)
@@ -98,19 +99,18 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
     allocator.use()  # before the workers start: every system's worker inherits it
     with _testbed(cluster) as (rank_command, rank_env, topo_file):
         nominal = _nominal_topology(cluster, base.world_size)
-        base = prepare(base.model_copy(update={"topology": topo_file, "progress": False, "metrics_out": None,
-                                               "trace_out": None}))
+        base = prepare(base.with_(topology=topo_file, progress=False, metrics_out=None, trace_out=None))
         # One placement for every system (the peer included): what trirace's planner picks.
         order = plan_job(base, nominal, lambda: measure_layers(base)).layout.order
-        base = base.model_copy(update={"rank_order": order})
+        base = base.with_(rank_order=order)
         cfgs, names = [], []
         for _ in range(rounds):
             for sysname in systems:
                 peer = sysname == "torch-1f1b"
-                cfgs.append(base.model_copy(update={"comm_policy": "blocking" if peer else sysname,
-                                                    "schedule": "1f1b" if peer else base.schedule}))
+                cfgs.append(base.with_(comm_policy="blocking" if peer else sysname,
+                                       schedule="1f1b" if peer else base.parallel.schedule))
                 names.append(sysname)
-        runs = run_local(cfgs, systems=["torch-1f1b" if n == "torch-1f1b" else "trirace" for n in names],
+        runs = run_local(cfgs, systems=[PEER_RUNNER if n == "torch-1f1b" else "trirace" for n in names],
                          rank_command=rank_command, rank_env=rank_env)
     rows: dict[str, list[dict]] = {s: [] for s in systems}
     every: dict[str, list[list[float]]] = {s: [] for s in systems}  # each round's steady step times
@@ -145,7 +145,7 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
                               per_rank_median(rows[s], "rank_cpu_s") if s in measured else None,
                               per_rank_median(rows[s], "rank_wakeups", per_second=True) if s in measured else None,
                               every[s], every_cpu[s] or None, host_share(rows[s])))
-    return {"config": {**base.model_dump(mode="json", exclude={"topology"}), "cluster": asdict(cluster),
+    return {"config": {**{k: v for k, v in base.flat(mode="json").items() if k != "topology"}, "cluster": asdict(cluster),
                        "rounds": rounds, "warmup_steps": WARMUP_STEPS, "drain_steps": DRAIN_STEPS,
                        "lower_bound": {**asdict(reference), "binding": reference.binding,
                                        "of": measured[0]}},
@@ -173,7 +173,7 @@ def _link_load(cfg: TrainConfig, topo: Topology, rows: list[dict]) -> dict[tuple
     token table at the bytes the run measured sending."""
     plan = plan_job(cfg, topo)
     sent = statistics.median(r["embedding_bytes"] for r in rows) if plan.stages[0].sparse_param is not None else None
-    return plan_link_bytes(plan, cfg.micro_batches, cfg.activation_bytes, sent)
+    return plan_link_bytes(plan, cfg.parallel.micro_batches, cfg.activation_bytes, sent)
 
 
 def _bound(cfg: TrainConfig, topo: Topology, rows: list[dict], load: dict[tuple[int, str], float]) -> Bound:

@@ -53,7 +53,7 @@ from ..runtime import allocator
 from ..runtime.calibrate import compute_now, copy_rate, in_unit, profile, steady_contention
 from ..sim.calibration import Calibration, layout_key, load_calibration
 from ..sim.cluster import load_cluster
-from ..sim.run import simulate
+from ..sim.simulate import simulate
 from . import matrix, side_by_side
 
 POLICIES = ("blocking", "fifo", "priority", "trirace")

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
                            progress=False, balance="params", micro_batches=4, micro_batch_size=2, seq_len=64))
     rows = run_local([cfg])[0]
     first, last = rows[WARMUP]["rank_rss_mb"], rows[-1]["rank_rss_mb"]
-    print(f"soak: {cfg.model} {cfg.schedule} {cfg.comm_policy} pp={cfg.pp} dp={cfg.dp}, {len(rows)} steps, "
+    print(f"soak: {cfg.model.name} {cfg.parallel.schedule} {cfg.comm.policy} pp={cfg.parallel.pp} dp={cfg.parallel.dp}, {len(rows)} steps, "
           f"median step {statistics.median(r['step_time_s'] for r in rows):.3f} s")
     print("| rank | RSS after warm-up (MB) | RSS at end (MB) | growth |")
     print("|---|---|---|---|")

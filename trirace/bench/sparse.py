@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from ..comm.sparse import ALPHA_S, BYTES_PER_S, METHODS, breakdown, crossovers
+from ..policy.sparse import ALPHA_S, BYTES_PER_S, METHODS, breakdown, crossovers
 from ..runtime import allocator, gloo
 
 RUN = (*METHODS, "auto")

@@ -25,9 +25,11 @@ from ..config import TrainConfig
 from ..errors import UsageError
 from ..models import build_layers, lm_loss
 from ..plan import Layout, stage_ranges
-from ..plan.job import plan_job
-from ..runtime.probe import detect_topology
-from ..runtime.trainer import _Reporter, batch_fn, default_device, measure_layers, plan_partition, sampler_for
+from ..plan.planner import plan_job
+from ..runtime.link_probe import detect_topology
+from ..data.batches import batch_fn, sampler_for
+from ..obs.report import Reporter
+from ..runtime.trainer import default_device, measure_layers, plan_partition
 
 SYSTEM = "torch-1f1b"
 
@@ -47,27 +49,27 @@ def run_peer(cfg: TrainConfig) -> list[dict] | None:
     pipe_group, dp_group, groups = _make_groups(layout, stage, replica, device)
 
     model = nn.Sequential(*build_layers(cfg.spec, cfg.seed, stage_ranges(sizes)[stage])).to(device)
-    is_first, is_last = stage == 0, stage == cfg.pp - 1
-    if cfg.straggler and cfg.straggler[0] == rank:
-        delay = cfg.straggler[1]
+    is_first, is_last = stage == 0, stage == cfg.parallel.pp - 1
+    if cfg.faults.straggler and cfg.faults.straggler[0] == rank:
+        delay = cfg.faults.straggler[1]
         model.register_forward_hook(lambda *_: time.sleep(delay))
     flat = _bind_flat_grads(model)
     params = list(model.parameters())
-    opt_cls = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.SGD
-    optimizer = opt_cls(params, lr=cfg.learning_rate)
+    opt_cls = torch.optim.Adam if cfg.optim.optimizer == "adam" else torch.optim.SGD
+    optimizer = opt_cls(params, lr=cfg.optim.learning_rate)
 
     inputs, outputs = _example_args(cfg, is_first, is_last)
-    pipe = PipelineStage(model, stage, cfg.pp, device, input_args=inputs, output_args=outputs, group=pipe_group)
+    pipe = PipelineStage(model, stage, cfg.parallel.pp, device, input_args=inputs, output_args=outputs, group=pipe_group)
     # lm_loss is a mean over tokens, so the default scale_grads=True (sum the micro-batch
     # gradients, then divide by their number) gives the mean over micro-batches, as trirace's
     # loss / m does; the all-reduce below divides by dp for the mean over replicas. Every
     # stage gets loss_fn: the schedule runs backward only where it has one (a stage without
     # it skips backward and its peers wait forever), though only the last stage calls it.
-    schedule = Schedule1F1B(pipe, cfg.micro_batches, loss_fn=lm_loss, scale_grads=True)
+    schedule = Schedule1F1B(pipe, cfg.parallel.micro_batches, loss_fn=lm_loss, scale_grads=True)
 
-    m = cfg.micro_batches
+    m = cfg.parallel.micro_batches
     batch = batch_fn(cfg, sampler_for(cfg)) if is_first or is_last else None
-    report = _Reporter(cfg.model_copy(update={"schedule": "1f1b", "comm_policy": SYSTEM}), sizes) \
+    report = Reporter(cfg.with_(schedule="1f1b", comm_policy=SYSTEM), sizes) \
         if is_last and replica == 0 else None
 
     dist.barrier()
@@ -90,12 +92,12 @@ def run_peer(cfg: TrainConfig) -> list[dict] | None:
         _rebind_flat_grads(params, flat)
         if dp_group is not None:
             dist.all_reduce(flat, group=dp_group)
-            flat /= cfg.dp
+            flat /= cfg.parallel.dp
         optimizer.step()
         flat.zero_()  # zeroing in place keeps every .grad a view of `flat`
 
         if is_last:
-            loss = _mean_loss(losses, dp_group, cfg.dp, device)
+            loss = _mean_loss(losses, dp_group, cfg.parallel.dp, device)
             if report:  # the step ends once its loss is known: trirace's rows time the same span
                 report.step(t, time.perf_counter(), {"loss": loss, "comm_policy": SYSTEM})
     dist.barrier()
@@ -108,20 +110,20 @@ def _check(cfg: TrainConfig) -> None:
     if not dist.is_initialized():
         raise UsageError(f"{SYSTEM} needs an initialised torch.distributed process group")
     if dist.get_world_size() != cfg.world_size:
-        raise UsageError(f"pp x dp = {cfg.pp} x {cfg.dp} = {cfg.world_size} but the world has "
+        raise UsageError(f"pp x dp = {cfg.parallel.pp} x {cfg.parallel.dp} = {cfg.world_size} but the world has "
                          f"{dist.get_world_size()} ranks")
-    if cfg.pp < 2:
-        raise UsageError(f"{SYSTEM} is a pipeline baseline and needs pp >= 2 (got pp={cfg.pp}); "
+    if cfg.parallel.pp < 2:
+        raise UsageError(f"{SYSTEM} is a pipeline baseline and needs pp >= 2 (got pp={cfg.parallel.pp}); "
                          "for pp=1 compare against plain data parallelism instead")
-    if cfg.micro_batches < cfg.pp:
+    if cfg.parallel.micro_batches < cfg.parallel.pp:
         raise UsageError(f"torch's Schedule1F1B needs micro_batches >= pp "
-                         f"(got {cfg.micro_batches} < {cfg.pp})")
+                         f"(got {cfg.parallel.micro_batches} < {cfg.parallel.pp})")
 
 
 def _partition(cfg: TrainConfig) -> list[int]:
     """The same stages as trirace: the given partition, or rank 0's (measured times differ
     between ranks, so one rank decides)."""
-    if cfg.partition is not None or cfg.balance == "params":
+    if cfg.parallel.partition is not None or cfg.parallel.balance == "params":
         return plan_partition(cfg)
     box = [plan_partition(cfg) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
@@ -131,15 +133,15 @@ def _partition(cfg: TrainConfig) -> list[int]:
 def _layout(cfg: TrainConfig, sizes: list[int]) -> Layout:
     """The same placement as trirace, so both run on the same links: the configured order,
     or for "auto" trirace's own choice from the detected (or given) topology."""
-    if cfg.rank_order != "auto":
-        return Layout(cfg.pp, cfg.dp, cfg.rank_order)
+    if cfg.parallel.rank_order != "auto":
+        return Layout(cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.rank_order)
     # Detection is a collective: every rank takes this branch together. The prediction
     # weighs measured layer times, which differ between ranks, so rank 0 decides.
-    topo = detect_topology(str(cfg.topology) if cfg.topology else None, cfg.world_size)
-    fixed = cfg.model_copy(update={"partition": sizes})
+    topo = detect_topology(str(cfg.comm.topology) if cfg.comm.topology else None, cfg.world_size)
+    fixed = cfg.with_(partition=sizes)
     box = [plan_job(fixed, topo, lambda: measure_layers(cfg)).layout.order if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    return Layout(cfg.pp, cfg.dp, box[0])
+    return Layout(cfg.parallel.pp, cfg.parallel.dp, box[0])
 
 
 def _make_groups(layout: Layout, stage: int, replica: int,
@@ -164,7 +166,7 @@ def _example_args(cfg: TrainConfig, is_first: bool, is_last: bool) -> tuple[torc
     logits. Given both, PipelineStage skips its dynamic inference (an extra forward and
     backward, and metadata exchange, in step 0). requires_grad matters: a received input
     whose example lacks it gets no gradient sent back to the previous stage."""
-    b, s, d, v = cfg.micro_batch_size, cfg.tokens_seq, cfg.spec.d_model, cfg.spec.vocab_size
+    b, s, d, v = cfg.parallel.micro_batch_size, cfg.tokens_seq, cfg.spec.d_model, cfg.spec.vocab_size
     meta = torch.device("meta")
     if is_first:
         x = torch.empty(b, s, dtype=torch.long, device=meta)

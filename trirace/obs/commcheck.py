@@ -1,7 +1,7 @@
 """Replay every rank's communication log under NCCL's rules and report what would hang or
 disagree, without a GPU and without rerunning the job.
 
-Each rank writes `DIR/rank-R.jsonl` (see `trirace.runtime.comms.CommLog`), one JSON object
+Each rank writes `DIR/rank-R.jsonl` (see `trirace.runtime.communicator.CommLog`), one JSON object
 per line in the order the rank created them:
 
 - an issue event hands an op ("send", "recv" or any collective) to a communicator; ops

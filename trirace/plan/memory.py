@@ -1,7 +1,7 @@
 """How much memory a rank will hold, estimated from shapes alone (no tensors), and the
 pre-check that refuses a job that cannot fit before any process starts.
 
-The simulator reports the same figures (sim/run.py): one function, two users.
+The simulator reports the same figures (sim/simulate.py): one function, two users.
 
 What a rank of stage s holds at its peak:
 - weights: one fp32 copy per weight version (two under 2BW), and as many gradient buffers;
@@ -37,10 +37,11 @@ RUNTIME_BYTES = 400 * 2**20
 GiB = 2**30
 # The estimate counts live tensors. The ranks' allocator settings (runtime/allocator.py: no
 # mmap, no trim below 1 GiB) keep freed memory in the process, and a stage that frees and
-# re-allocates large buffers every micro-batch fragments its heap. Peak resident over the
-# estimate, 6-step jobs on this host (stop 31): first stage 0.99-1.07x; the head's stage
-# (gpt-tiny's 32-64 MiB logits) 1.37-1.72x; without the settings 1.04-1.27x. No model of
-# glibc's fragmentation is attempted: a job within this factor of its budget is warned.
+# re-allocates large buffers every micro-batch fragments its heap: a stage that holds the
+# head (32-64 MiB of logits per micro-batch for gpt-tiny) peaks well above its live tensors,
+# by up to RETAINED_UP_TO with the settings and RETAINED_MALLOC_OFF without them (the
+# factors tests/test_memory_model.py bounds). No model of glibc's fragmentation is
+# attempted: a job within this factor of its budget is warned.
 # (On GPUs the device memory is torch's caching allocator's, not measured here: no warning.)
 RETAINED_UP_TO = 1.75
 RETAINED_MALLOC_OFF = 1.3
@@ -120,12 +121,12 @@ class Estimate:
 
 def estimate(cfg, budget: float, where: str, **changes) -> Estimate:
     """Per-rank peak of `cfg` (a TrainConfig) with `changes` applied (e.g. recompute=True)."""
-    get = lambda k: changes.get(k, getattr(cfg, k))  # noqa: E731
+    get = lambda k: changes.get(k, cfg.get(k))  # noqa: E731
     pp = get("pp")
-    sizes = list(cfg.partition) if cfg.partition is not None and pp == cfg.pp else balance(_layer_costs(cfg), pp)
-    versions = 2 if cfg.schedule == "2bw" else 1
-    per = [stage_memory(cfg.spec, layers, cfg.micro_batch_size, cfg.tokens_seq,
-                        peak_in_flight(cfg.schedule, pp, s, cfg.micro_batches), versions, cfg.optimizer,
+    sizes = list(cfg.parallel.partition) if cfg.parallel.partition is not None and pp == cfg.parallel.pp else balance(_layer_costs(cfg), pp)
+    versions = 2 if cfg.parallel.schedule == "2bw" else 1
+    per = [stage_memory(cfg.spec, layers, cfg.parallel.micro_batch_size, cfg.tokens_seq,
+                        peak_in_flight(cfg.parallel.schedule, pp, s, cfg.parallel.micro_batches), versions, cfg.optim.optimizer,
                         get("precision"), get("recompute"))["total"] + RUNTIME_BYTES
            for s, layers in enumerate(stage_ranges(sizes))]
     return Estimate(per, budget, where)
@@ -135,8 +136,8 @@ def _layer_costs(cfg) -> list[float]:
     """What the job's partitioner balances, before anything is measured: parameters, or for
     --balance time (measured at start-up) the FLOPs that set those times, so the estimate
     sizes the stages the job will run (gpt-tiny, pp 2: 6,1 by time, 3,4 by parameters)."""
-    if cfg.balance == "time" and cfg.spec.custom is None:
-        return layer_flops(cfg.spec, cfg.micro_batch_size, cfg.tokens_seq)
+    if cfg.parallel.balance == "time" and cfg.spec.custom is None:
+        return layer_flops(cfg.spec, cfg.parallel.micro_batch_size, cfg.tokens_seq)
     return [float(n) for n in layer_param_counts(cfg.spec)]
 
 
@@ -172,7 +173,7 @@ def check_memory(cfg, local_ranks: int, on_gpu: bool, budget: tuple[float, str] 
     retained = retained_factor(on_gpu)
     if est.tight(retained):
         off = "" if retained == RETAINED_MALLOC_OFF else " (TRIRACE_MALLOC=off returns most of it, for some speed)"
-        print(f"trirace: warning: {cfg.model} needs about {est.peak / GiB:.1f} GiB per rank and {where} is "
+        print(f"trirace: warning: {cfg.model.name} needs about {est.peak / GiB:.1f} GiB per rank and {where} is "
               f"{bytes_ / GiB:.1f} GiB; freed memory the allocator keeps has taken up to {retained}x the "
               f"estimate here{off}", file=sys.stderr, flush=True)
     if est.fits:
@@ -181,16 +182,16 @@ def check_memory(cfg, local_ranks: int, on_gpu: bool, budget: tuple[float, str] 
     helps = []
     for flag, change in (("--recompute", {"recompute": True}), ("--precision bf16", {"precision": "bf16"}),
                          ("--recompute --precision bf16", {"recompute": True, "precision": "bf16"})):
-        if not all(getattr(cfg, k) == v for k, v in change.items()) and estimate(cfg, bytes_, where, **change).fits:
+        if not all(cfg.get(k) == v for k, v in change.items()) and estimate(cfg, bytes_, where, **change).fits:
             helps.append(flag)
             break
     n_layers = len(layer_names(cfg.spec))
-    for pp in (2 * cfg.pp, 4 * cfg.pp, 8 * cfg.pp):  # more stages: fits when each node brings its own memory
+    for pp in (2 * cfg.parallel.pp, 4 * cfg.parallel.pp, 8 * cfg.parallel.pp):  # more stages: fits when each node brings its own memory
         if pp <= n_layers and estimate(cfg, bytes_, where, pp=pp).fits:
-            helps.append(f"--pp {pp} on {pp // cfg.pp}x the machines")
+            helps.append(f"--pp {pp} on {pp // cfg.parallel.pp}x the machines")
             break
     advice = ("; " + " or ".join(helps) + " would fit") if helps else \
         "; neither --recompute, --precision bf16 nor more stages would fit it: use a smaller model"
-    raise UsageError(f"{cfg.model} needs about {est.peak / GiB:.1f} GiB per rank (stage {stage} of {cfg.pp}) but "
+    raise UsageError(f"{cfg.model.name} needs about {est.peak / GiB:.1f} GiB per rank (stage {stage} of {cfg.parallel.pp}) but "
                      f"{where} is {bytes_ / GiB:.1f} GiB: {(est.peak - bytes_) / GiB:.1f} GiB over{advice} "
                      "(--no-memory-check to try anyway)")

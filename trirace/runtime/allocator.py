@@ -8,13 +8,11 @@ step that frees and re-allocates the same buffers faults their pages in afresh e
 process: no mmap per request (in the main arena), no trim below 1 GiB, a 256 MiB pad
 whenever the heap grows.
 
-"No mmap" replaced an mmap threshold of 32 MiB, the largest glibc accepts. gpt-tiny's
-logits (4 x 128 x 16384 fp32) are exactly 32 MiB, so they were still mapped and faulted
-in anew whenever the heap had no free chunk to fit. At 4x1 @ 500 Mbit the head stage's
-ranks took 350-600k page faults in an 8-step job (180-220k without mmap), and the
-asynchronous policies spent 7-10% more compute CPU per step (stop 29). The default
-`trirace train` on this host runs 14-18% faster with them, for 20-28% more peak resident
-memory per rank (886-893 -> 1067-1140 MB).
+"No mmap" rather than the largest mmap threshold glibc accepts (32 MiB): a buffer of
+exactly that size, such as gpt-tiny's logits (4 x 128 x 16384 fp32), is still mapped and
+faulted in anew whenever the heap has no free chunk to fit it, and those page faults cost
+compute CPU on every micro-batch. The price is more peak resident memory per rank (the
+memory pre-check allows for it: plan/memory.py).
 
 The environment variables reach processes started after `use()`; `mallopt` sets the
 same for the running process. A setting the user made is left alone, as a variable or

@@ -41,7 +41,7 @@ from ..optim import make_optimizer, muon_matrices
 from ..sim.calibration import Calibration, layout_key
 from . import allocator
 from .profile import pass_times
-from .trainer import batch_fn, sampler_for
+from ..data.batches import batch_fn, sampler_for
 
 
 def _best(fn, reps: int) -> float:
@@ -200,7 +200,7 @@ def send_buffer(rank: int, bytes_per_s: float, nbytes: int = 8 << 20, reps: int 
 _PROBE = r"""
 import json, sys, torch, torch.distributed as dist
 from trirace.plan.topology import Topology, single_node
-from trirace.runtime.probe import probe_links
+from trirace.runtime.link_probe import probe_links
 from trirace.runtime.calibrate import send_buffer, transfer_cpu
 rank, store, out, nodes = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
 from trirace.runtime.gloo import backend

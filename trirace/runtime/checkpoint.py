@@ -29,8 +29,8 @@ _STEP = re.compile(r"step-(\d{6})")
 
 def identity(cfg: TrainConfig, partition: list[int]) -> dict:
     """What a checkpoint must match to be resumed (the communication policy may differ)."""
-    return {"model": cfg.model, "tie_embeddings": cfg.tie_embeddings, "pp": cfg.pp, "dp": cfg.dp,
-            "schedule": cfg.schedule, "partition": list(partition), "optimizer": cfg.optimizer, "seed": cfg.seed}
+    return {"model": cfg.model.name, "tie_embeddings": cfg.model.tie_embeddings, "pp": cfg.parallel.pp, "dp": cfg.parallel.dp,
+            "schedule": cfg.parallel.schedule, "partition": list(partition), "optimizer": cfg.optim.optimizer, "seed": cfg.seed}
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -88,12 +88,12 @@ def _step_of(d: Path) -> int:
 def resume_point(cfg: TrainConfig, partition: list[int]) -> tuple[Path | None, int]:
     """(checkpoint to load, first global step to run) for `cfg`: (None, 0) unless resuming
     from a checkpoint that exists; with resume=require, a missing one is an error."""
-    if cfg.resume == "off":
+    if cfg.checkpoint.resume == "off":
         return None, 0
-    found = latest(cfg.checkpoint_dir, cfg.pp)
+    found = latest(cfg.checkpoint.dir, cfg.parallel.pp)
     if found is None:
-        if cfg.resume == "require":
-            raise UsageError(f"--resume=require: no complete checkpoint in {cfg.checkpoint_dir}")
+        if cfg.checkpoint.resume == "require":
+            raise UsageError(f"--resume=require: no complete checkpoint in {cfg.checkpoint.dir}")
         return None, 0
     first = check(found, identity(cfg, partition)) + 1
     if first >= cfg.steps:
@@ -104,10 +104,10 @@ def resume_point(cfg: TrainConfig, partition: list[int]) -> tuple[Path | None, i
 def resume_line(cfg: TrainConfig, found: Path | None, first: int) -> str | None:
     """What a resuming run tells the user before its first step (None when not resuming):
     a typo in the directory must not restart a long run from step 0 silently."""
-    if cfg.resume == "off":
+    if cfg.checkpoint.resume == "off":
         return None
     if found is None:
-        return f"no checkpoint in {cfg.checkpoint_dir}; training starts from step 0"
+        return f"no checkpoint in {cfg.checkpoint.dir}; training starts from step 0"
     return f"resuming from {found} (step {first} of {cfg.steps})"
 
 

@@ -1,7 +1,7 @@
 """Runs one stage's action list on real processes.
 
 The engine owns compute and the activations in flight; every transfer goes through `comm`
-(runtime/comm.py), which executes the communication policy. What the engine records per
+(runtime/stage_comm.py), which executes the communication policy. What the engine records per
 step (losses, when its OPT ran) feeds the metrics.
 """
 
@@ -17,17 +17,15 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import Diverged
+from ..data.batches import BatchFn
 from ..models import lm_loss
 from ..optim import UpdateRule
 from ..obs.timeline import Recorder
 from ..plan import Action, Op, Schedule
 from ..plan.schedule import p2p_groups
-from .comm import Comm
+from .stage_comm import StageComm
 from .groups import Groups
 from .stage import StageModel
-
-# (step, index within the step's global batch) -> (inputs, targets)
-BatchFn = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -45,7 +43,7 @@ class StepRecord:
 
 
 class Engine:
-    def __init__(self, schedule: Schedule, model: StageModel, groups: Groups, comm: Comm, batch: BatchFn,
+    def __init__(self, schedule: Schedule, model: StageModel, groups: Groups, comm: StageComm, batch: BatchFn,
                  device: torch.device, recorder: Recorder,
                  on_step: Callable[[StepRecord], None] | None = None, delay_s: float = 0.0,
                  kill_step: int | None = None, rule: UpdateRule | None = None, precision: str = "fp32",

@@ -17,7 +17,7 @@ import torch
 from torch.func import functional_call
 
 from ..models import lm_loss
-from .comms import Handle
+from .communicator import Handle
 from .engine import BatchFn
 from .groups import Groups
 from .stage import StageModel

@@ -2,9 +2,8 @@
 
 torch's `new_group` gives each gloo group a transport device of its own, and each device a
 loop thread that wakes 100-180 times a second even while its group is idle. A 2x2 job's
-rank is in seven gloo groups, so about 1100 wake-ups a second (stop 40), and where ranks
-share cores each wake-up preempts computation: four processes on two cores did 1.82-1.99
-of one's work with no thread waking and 1.57-1.76 beside 670-1200 wake-ups a second.
+rank is in seven gloo groups, so about a thousand wake-ups a second, and where ranks share
+cores each wake-up preempts computation (runtime/wakeups.py).
 
 A gloo device serves any number of groups (its loop polls every socket of every group's
 pairs, none blocking), but `new_group` passes no options to gloo. Registering a backend is

@@ -28,7 +28,7 @@ import threading
 
 import torch
 
-from .comms import Communicator, Handle
+from .communicator import Communicator, Handle
 from .stage import StageModel
 
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from ..plan import Op
 from ..plan.job import JobPlan
 from . import gloo
-from .comms import CommLog, Communicator
+from .communicator import CommLog, Communicator
 
 
 def control_communicator(log: CommLog, timeout: timedelta) -> Communicator:

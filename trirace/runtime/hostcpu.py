@@ -3,8 +3,8 @@
 A rank's own CPU (time.process_time) misses what no rank is charged for: cores left idle
 while every rank waits, and the kernel's interrupt work (softirq: a shaped link's packets),
 which Linux accounts to no process. On the testbed, where ranks share cores, those decide
-whether the simulation may fill the cores (stop 42: a cell's ranks used 95% of them where a
-run of the same job half an hour later used 99%). None where there is no /proc/stat.
+whether the simulation may fill the cores, and how much of them the ranks actually got
+varies from one run to the next. None where there is no /proc/stat.
 """
 
 from __future__ import annotations

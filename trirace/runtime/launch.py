@@ -26,7 +26,8 @@ from ..errors import Diverged, UsageError
 from ..plan.memory import check_memory
 from ..plan.topology import load_topology
 from . import allocator, checkpoint, gloo
-from .trainer import RankFailed, Trainer, plan_partition, sampler_for
+from ..data.batches import sampler_for
+from .trainer import RankFailed, Trainer, plan_partition
 
 
 class WorkerFailed(RuntimeError):
@@ -63,27 +64,27 @@ def quit_now(status: int) -> typing.NoReturn:
 
 def train(cfg: TrainConfig, model=None) -> list[dict] | None:
     """Train with `cfg`: under torchrun on this process's rank, otherwise by spawning
-    cfg.pp * cfg.dp local processes. Returns the per-step metrics (on the reporter rank).
-    `model`: your own layers (a trirace.LayerModel) instead of cfg.model."""
+    cfg.parallel.pp * cfg.parallel.dp local processes. Returns the per-step metrics (on the reporter rank).
+    `model`: your own layers (a trirace.LayerModel) instead of cfg.model.name."""
     if model is not None:
         with tempfile.TemporaryDirectory(prefix="trirace-model-") as scratch:  # a layer list's file lives here
             ref = model.ref(Path(scratch) if not under_torchrun() else None)
-            return train(make_config({**cfg.model_dump(), "model": "custom", "layer_model": ref}))
+            return train(make_config({**cfg.flat(), "model": "custom", "layer_model": ref}))
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         if world != cfg.world_size:
-            raise UsageError(f"pp x dp = {cfg.pp} x {cfg.dp} = {cfg.world_size} but torchrun started {world} ranks")
+            raise UsageError(f"pp x dp = {cfg.parallel.pp} x {cfg.parallel.dp} = {cfg.world_size} but torchrun started {world} ranks")
         preflight.train_outputs(cfg)
         allocator.use()  # this process is a rank, as a local worker is (runtime/worker.py)
-        backend = resolve_backend(cfg.backend, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        if cfg.memory_check:
+        backend = resolve_backend(cfg.comm.backend, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        if cfg.parallel.memory_check:
             check_memory(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), on_gpu=backend == "nccl")
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.checkpoint_dir is not None:
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.checkpoint.dir is not None:
             # Restarted by torchrun: go on from the checkpoint (require stays require).
-            cfg = cfg.model_copy(update={"resume": "auto" if cfg.resume == "off" else cfg.resume})
-        timeout = timedelta(seconds=cfg.fail_timeout_s)
+            cfg = cfg.with_(resume="auto" if cfg.checkpoint.resume == "off" else cfg.checkpoint.resume)
+        timeout = timedelta(seconds=cfg.faults.fail_timeout_s)
         # Keys of a failed attempt stay in torchrun's store; a fresh prefix per restart keeps
         # the new attempt's gloo mesh from dialling the old attempt's (dead) addresses.
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
@@ -109,13 +110,13 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
     """Work done once before spawning: validate the data (and build its token cache) and fix
     the partition, so the workers all load the same cache and cut the same stages."""
     preflight.train_outputs(cfg)
-    if cfg.memory_check:  # before anything builds the model (a time-balanced partition would)
-        check_memory(cfg, cfg.world_size, on_gpu=resolve_backend(cfg.backend, cfg.world_size) == "nccl")
-    if cfg.topology is not None:
-        load_topology(cfg.topology).check(cfg.world_size)
+    if cfg.parallel.memory_check:  # before anything builds the model (a time-balanced partition would)
+        check_memory(cfg, cfg.world_size, on_gpu=resolve_backend(cfg.comm.backend, cfg.world_size) == "nccl")
+    if cfg.comm.topology is not None:
+        load_topology(cfg.comm.topology).check(cfg.world_size)
     sampler = sampler_for(cfg)
-    cfg = cfg.model_copy(update={"partition": plan_partition(cfg, sampler)})
-    checkpoint.resume_point(cfg, cfg.partition)  # a bad checkpoint: one line now, not a worker's traceback
+    cfg = cfg.with_(partition=plan_partition(cfg, sampler))
+    checkpoint.resume_point(cfg, cfg.parallel.partition)  # a bad checkpoint: one line now, not a worker's traceback
     return cfg
 
 
@@ -125,7 +126,7 @@ def run_local(cfgs: list[TrainConfig], world_size: int | None = None, timeout_s:
     """Run several configurations one after another in one set of worker processes (one
     start-up for all of them: what tests and benchmarks want). Each config must use
     pp * dp == world_size ranks. `systems` names what runs each config ("trirace", or a
-    peer such as "torch-1f1b"); `rank_command`/`rank_env` let a caller wrap a rank's
+    peer system's "MODULE:FUNCTION": runtime/worker.py); `rank_command`/`rank_env` let a caller wrap a rank's
     process (e.g. `ip netns exec NODE`) and set its environment. `quiet`: the workers'
     standard output (each job's summary line) is dropped; errors still reach stderr.
     Returns the reporter's metrics per config."""
@@ -133,8 +134,8 @@ def run_local(cfgs: list[TrainConfig], world_size: int | None = None, timeout_s:
     for c in cfgs:
         if c.world_size != world_size:
             raise UsageError(f"config needs {c.world_size} ranks but the job has {world_size}")
-    backend = resolve_backend(cfgs[0].backend, world_size)
-    if any(resolve_backend(c.backend, world_size) != backend for c in cfgs):
+    backend = resolve_backend(cfgs[0].comm.backend, world_size)
+    if any(resolve_backend(c.comm.backend, world_size) != backend for c in cfgs):
         raise UsageError("configs run in one set of processes must use one backend")
     cfgs = [prepare(c) for c in cfgs]
     systems = systems or ["trirace"] * len(cfgs)

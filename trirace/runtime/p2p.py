@@ -12,22 +12,18 @@ policy forecasts the next step's P2P from.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
-
 import torch
 
 from ..plan import Action, Op, Schedule
 from ..plan.transfers import Kind
-from .comms import Handle, Waiter
-
-if TYPE_CHECKING:  # comm.py imports this module
-    from .comm import Comm
+from .communicator import Handle, Waiter
 
 ARRIVED_S = 1e-3  # a wait shorter than this found the data already there
 
 
 class PipelineP2P:
-    def __init__(self, comm: "Comm", activation_shape: tuple[int, ...]):
+    def __init__(self, comm, activation_shape: tuple[int, ...]):
+        """`comm`: the stage's StageComm (runtime/stage_comm.py), which owns this part."""
         self.c, self.shape = comm, activation_shape
         self.sched: Schedule = comm.sched
         self.posted: dict[Action, tuple[Handle, torch.Tensor, float]] = {}

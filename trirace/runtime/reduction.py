@@ -16,16 +16,14 @@ import time
 import torch
 
 from ..plan.transfers import Chunk, Kind
-from .comms import Handle, Waiter
+from .communicator import Handle, Waiter
 from .groups import warm_up_reduction
 from .sparse_exchange import exchange
 
-if False:  # typing only: comm.py imports this module
-    from .comm import Comm
-
 
 class Reduction:
-    def __init__(self, comm: "Comm", embedding_method: str):
+    def __init__(self, comm, embedding_method: str):
+        """`comm`: the stage's StageComm (runtime/stage_comm.py), which owns this part."""
         self.c = comm
         self.model, self.g, self.sched = comm.model, comm.g, comm.sched
         self.embedding_method = embedding_method

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..comm.sparse import ALPHA_S, BYTES_PER_S, INDEX_BYTES, METHODS, choose, owner_of, owner_range
-from .comms import Communicator
+from ..policy.sparse import ALPHA_S, BYTES_PER_S, INDEX_BYTES, METHODS, choose, owner_of, owner_range
+from .communicator import Communicator
 
 
 def exchange(grad: torch.Tensor, group: Communicator | dist.ProcessGroup | None = None, method: str = "auto", *,

@@ -96,8 +96,8 @@ class StageModel:
         parameter's gradient: what lets reduction start while backward still runs. Returns
         what removes the hooks, for the job's end: a tensor's hooks are held from C++, out
         of the collector's sight, so the cycle parameter -> hook -> callback's owner ->
-        this model is never freed (each job in a bench's worker kept its whole stage:
-        ~240 MB per job for gpt-tiny's first stage, stop 30)."""
+        this model is never freed (a bench's worker, which runs job after job, would keep
+        every job's stage)."""
         handles = [p.register_post_accumulate_grad_hook(lambda _p, s=slot, i=i: callback(s, i))
                    for slot, module in enumerate(self.versions) for i, p in enumerate(module.parameters())]
         return lambda: [h.remove() for h in handles]

@@ -2,10 +2,9 @@
 
 On cores that computation saturates, each wake-up of a communication thread (gloo's TCP
 loop, the launcher, the waiters) preempts a computing thread, which then refills its
-caches: stop 33 measured four ranks on two cores lose 8-11% of their work beside a thread
-waking 1,000 times a second in each, and a run's gloo threads wake 1,100-1,400 times a
-second per rank at 4x1 @ 500 Mbit. So the ranks count them per step, and the calibration
-measures computation beside a thread waking as often (runtime/calibrate.py).
+caches. A rank's communication threads wake hundreds to over a thousand times a second, so
+the cost is several percent of the work where ranks share cores. The ranks count them per
+step, and the calibration measures computation beside a thread waking as often.
 
 Counted from Linux's /proc (voluntary context switches: a thread that blocked and was
 woken); None where there is no /proc. A thread that has exited drops out of the sum, so a

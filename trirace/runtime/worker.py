@@ -1,6 +1,9 @@
 """One rank of a locally launched job: `python -m trirace.runtime.worker JOBS RANK WORLD STORE OUT`.
 
 Runs every job in JOBS ({"backend", "jobs": [{"system", "config"}, ...]}) in order on one process group,
+where a job's system is "trirace" (this package's Trainer) or "MODULE:FUNCTION", a function
+that takes the TrainConfig and runs it on the initialised group (a peer system a benchmark
+compares against: the runtime never imports the benchmarks),
 rendezvous through a FileStore at STORE (a path: it works across network namespaces), and
 the reporter rank writes OUT/result-<i>.json for job i.
 """
@@ -8,6 +11,7 @@ the reporter rank writes OUT/result-<i>.json for job i.
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import os
 import sys
@@ -28,11 +32,10 @@ from .trainer import RankFailed, Trainer
 def run_job(system: str, cfg: TrainConfig) -> list[dict] | None:
     if system == "trirace":
         return Trainer(cfg).run()
-    if system == "torch-1f1b":
-        from ..bench.torch_peer import run_peer
-
-        return run_peer(cfg)
-    raise ValueError(f"unknown system {system!r}")
+    module, sep, function = system.partition(":")
+    if not sep:
+        raise ValueError(f"unknown system {system!r}: 'trirace' or MODULE:FUNCTION")
+    return getattr(importlib.import_module(module), function)(cfg)
 
 
 def run_jobs(jobs: list[dict], out: Path) -> None:
@@ -65,7 +68,7 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("LOCAL_RANK", str(rank))
     spec = json.loads(Path(jobs_file).read_text())
     jobs, backend = spec["jobs"], spec["backend"]
-    timeout = timedelta(seconds=jobs[0]["config"].get("fail_timeout_s", 60.0))
+    timeout = timedelta(seconds=TrainConfig(**jobs[0]["config"]).faults.fail_timeout_s)
     if backend == "nccl":  # one process per GPU: the local launcher runs every rank on this host
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(gloo.backend(backend), init_method=f"file://{store}", rank=rank, world_size=world, timeout=timeout)

@@ -4,11 +4,11 @@ runtime, run against a clock instead of processes.
 Each stage has one representative rank (sim/fabric.py folds its replicas into it), or,
 unfolded, one rank per replica whose collectives meet in a shared group. A rank
 walks its actions in `p2p_groups`, as runtime/engine.py does, and drives its
-CommScheduler at the same points runtime/comm.py does: chunks enqueued when the step's
+CommScheduler at the same points runtime/stage_comm.py does: chunks enqueued when the step's
 last backward begins, ready as that backward finishes their parameters (layer by layer),
 `p2p_sent`/`p2p_send_done` around sends, `p2p_arrived` when a receive is seen complete,
 `deadline` at AR, and `launches` after every event and at the driver's wake time. Those
-calls go through the same `StageDriver` (comm/driver.py) the runtime's threads call, so
+calls go through the same `StageDriver` (policy/driver.py) the runtime's threads call, so
 the two cannot decide differently. What
 the runtime's threads and gloo do is mirrored too: receives are posted as the driver says,
 a transfer moves once both ends are posted, asynchronous
@@ -31,8 +31,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..comm import Policy
-from ..comm.driver import StageDriver
+from ..policy import Policy
+from ..policy.driver import StageDriver
 from ..obs.timeline import Recorder
 from ..plan import Action, Op, Schedule
 from ..plan.schedule import p2p_groups, peer_stage, transfer_ends

@@ -9,18 +9,18 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..comm.policies import make_policy
+from ..policy.policies import make_policy
 from ..config import TrainConfig, make_config
 from ..errors import ConfigError, UsageError
 from .calibration import Calibration
 from .cluster import Cluster
-from .run import SimResult, apply_calibration, check, chunk_choices, simulate
+from .simulate import SimResult, apply_calibration, check, chunk_choices, simulate
 
 
 def _job(cfg: TrainConfig, cluster: Cluster, cal: Calibration | None) -> dict:
     topo = apply_calibration(cluster, cluster.topology(cfg.world_size), cal)
-    return {"model": cfg.model, "schedule": cfg.schedule, "pp": cfg.pp, "dp": cfg.dp,
-            "micro_batches": cfg.micro_batches, "micro_batch_size": cfg.micro_batch_size, "seq_len": cfg.tokens_seq,
+    return {"model": cfg.model.name, "schedule": cfg.parallel.schedule, "pp": cfg.parallel.pp, "dp": cfg.parallel.dp,
+            "micro_batches": cfg.parallel.micro_batches, "micro_batch_size": cfg.parallel.micro_batch_size, "seq_len": cfg.tokens_seq,
             "steps": cfg.steps, "tokens_per_step": cfg.tokens_per_step,
             "cluster": {"name": cluster.name, "nodes": topo.nodes, "ranks_per_node": topo.ranks_per_node,
                         "intra_Gbit_s": topo.intra.bits_per_s / 1e9, "inter_Gbit_s": topo.inter.bits_per_s / 1e9,
@@ -68,7 +68,7 @@ def table(payload: dict) -> str:
 def layouts(cfg: TrainConfig) -> list[TrainConfig]:
     """Every pp x dp factorisation of the job's devices that keeps its global batch
     (dp x micro_batches x micro_batch_size sequences) and is valid for its schedule."""
-    world, batch = cfg.world_size, cfg.dp * cfg.micro_batches
+    world, batch = cfg.world_size, cfg.parallel.dp * cfg.parallel.micro_batches
     out = []
     for pp in range(1, world + 1):
         if world % pp:
@@ -77,7 +77,7 @@ def layouts(cfg: TrainConfig) -> list[TrainConfig]:
         if batch % dp:
             continue
         try:
-            out.append(make_config({**cfg.model_dump(), "pp": pp, "dp": dp, "micro_batches": batch // dp,
+            out.append(make_config({**cfg.flat(), "pp": pp, "dp": dp, "micro_batches": batch // dp,
                                     "partition": None}))
         except ConfigError:
             continue  # e.g. more stages than layers, or 2bw with fewer micro-batches than stages
@@ -91,7 +91,7 @@ def sweep(cfg: TrainConfig, cluster: Cluster, policies: tuple[str, ...], cal: Ca
     jobs = layouts(cfg)
     if not jobs:
         raise UsageError(f"no pp x dp layout of {cfg.world_size} devices keeps a global batch of "
-                         f"{cfg.dp * cfg.micro_batches} micro-batches")
+                         f"{cfg.parallel.dp * cfg.parallel.micro_batches} micro-batches")
     for job in jobs:
         for p in policies:
             check(job, cluster, p, cal)
@@ -101,7 +101,7 @@ def sweep(cfg: TrainConfig, cluster: Cluster, policies: tuple[str, ...], cal: Ca
         if credit is None:  # the policy's own cap on chunk bytes in flight (None: no cap)
             own = make_policy(p).credit_bytes
             credit = own / 2**20 if own else None
-        return {"pp": job.pp, "dp": job.dp, "micro_batches": job.micro_batches, "policy": p,
+        return {"pp": job.parallel.pp, "dp": job.parallel.dp, "micro_batches": job.parallel.micro_batches, "policy": p,
                 "chunk_mb": r.chunk_mb, "credit_mb": credit, "iteration_time_s": r.iteration_time_s,
                 "tokens_per_s": r.tokens_per_s, "overlap_efficiency": r.overlap_efficiency,
                 "peak_memory_gb": max(r.memory_gb), "fits": max(r.memory_gb) <= limit, "rank_order": r.rank_order,
@@ -111,16 +111,16 @@ def sweep(cfg: TrainConfig, cluster: Cluster, policies: tuple[str, ...], cal: Ca
         rows.sort(key=lambda r: (not r["fits"], -r["tokens_per_s"]))
 
     # Layouts x policies at the job's chunk sizes (each policy's default unless given) ...
-    rows = [row(job, p, cfg.credit_mb, simulate(job, cluster, p, cal))
+    rows = [row(job, p, cfg.comm.credit_mb, simulate(job, cluster, p, cal))
             for job, p in tqdm([(j, p) for j in jobs for p in policies], desc="sweep", unit="job", leave=False)]
     rank(rows)
     # ... then chunk sizes (autotune's trials) for the best few that have chunks to size.
-    given = cfg.partition_mb is not None or cfg.credit_mb is not None or cfg.autotune
+    given = cfg.comm.partition_mb is not None or cfg.comm.credit_mb is not None or cfg.comm.autotune
     leaders = [] if given else [r for r in rows if r["policy"] != "blocking"][:CHUNK_SWEEP_TOP]
     runs = [(lead, part, credit) for lead in leaders for part, credit in chunk_choices(lead["policy"])[1:]]
     for lead, part, credit in tqdm(runs, desc="chunk sizes", unit="job", leave=False):
         job = next(j for j in jobs if (j.pp, j.dp) == (lead["pp"], lead["dp"]))
-        r = simulate(job.model_copy(update={"partition_mb": part, "credit_mb": credit}), cluster, lead["policy"], cal)
+        r = simulate(job.with_(partition_mb=part, credit_mb=credit), cluster, lead["policy"], cal)
         rows.append(row(job, lead["policy"], credit, r))
     rank(rows)
     best = rows[0]["result"]

@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import UsageError
-from .probe import verify
+from .reachability import verify
 from .rate import tc_rate
 from .shell import require_tools, run
 from .topology import BRIDGE, PREFIX_LEN, Testbed, check_prefix, namespace_pattern

@@ -1,5 +1,5 @@
 """The communication runtime of one rank: it executes the stage driver's decisions
-(comm/driver.py, shared with the simulator) on the communicators of groups.py.
+(policy/driver.py, shared with the simulator) on the communicators of groups.py.
 
 Parts, each with one job: `PipelineP2P` (p2p.py) moves activations and gradients between
 stages; `Reduction` (reduction.py) averages gradients across replicas; `CommStats` and
@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from ..comm.driver import StageDriver
+from ..policy.driver import StageDriver
 from ..obs.timeline import Recorder
 from ..plan import Action, Schedule
 from ..plan.job import StagePlan
@@ -35,7 +35,7 @@ from .stage import StageModel
 from .stats import CommStats, LinkEstimates
 
 
-class Comm:
+class StageComm:
     def __init__(self, stage: StagePlan, schedule: Schedule, groups: Groups, model: StageModel,
                  activation_shape: tuple[int, ...], device: torch.device, recorder: Recorder,
                  tuner=None, embedding_method: str = "dense", timeout_s: float = 60.0,

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from ..errors import UsageError
 from ..plan.topology import INTER, INTRA, Link, Topology, load_topology, single_node
-from .comms import Communicator
+from .communicator import Communicator
 
 
 def detect_topology(topology_file: str | None, world_size: int, control: Communicator | None = None) -> Topology:

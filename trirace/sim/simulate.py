@@ -17,16 +17,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..comm import sparse as sparse_cost
-from ..comm.autotune import TRIALS
-from ..comm.policies import POLICIES, make_policy
+from ..policy import sparse as sparse_cost
+from ..policy.autotune import TRIALS
+from ..policy.policies import POLICIES, make_policy
 from ..config import TrainConfig
 from ..errors import UsageError
 from ..models.build import layer_param_numels
 from ..obs.timeline import write_trace
 from ..plan import stage_ranges
 from ..plan.bounds import Bound, lower_bound, plan_link_bytes, steady_steps
-from ..plan.job import JobPlan, plan_job, table_sent
+from ..plan.job import JobPlan
+from ..plan.planner import plan_job, table_sent
 from ..plan.topology import INTER, INTRA, Topology
 from ..plan.transfers import Chunk, Kind
 from .calibration import Calibration
@@ -101,13 +102,13 @@ def check(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calibrat
     if policy not in POLICIES:
         raise UsageError(f"unknown communication policy {policy!r}; choose from {', '.join(POLICIES)}")
     if calibration is not None:
-        calibration.check(cfg.spec, cfg.micro_batch_size, cfg.tokens_seq)
+        calibration.check(cfg.spec, cfg.parallel.micro_batch_size, cfg.tokens_seq)
     return apply_calibration(cluster, cluster.topology(cfg.world_size), calibration)
 
 
 def chunk_choices(policy: str) -> list[tuple[float | None, float | None]]:
     """(partition MiB, credit MiB) pairs to try for a policy: its own default (None, None),
-    then autotune's trials (comm/autotune.py; a policy without a credit bound keeps none)."""
+    then autotune's trials (policy/autotune.py; a policy without a credit bound keeps none)."""
     if policy == "blocking":
         return [(None, None)]
     unbounded = make_policy(policy).credit_bytes is None
@@ -119,15 +120,15 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     """Predict `cfg` on `cluster` under `policy`. `unfold`: simulate every replica (True),
     one per stage (False), or decide (None: every replica where compute noise is measured
     and the job is small)."""
-    if cfg.autotune and policy != "blocking":
+    if cfg.comm.autotune and policy != "blocking":
         return _autotuned(cfg, cluster, policy, calibration, trace_out)
     wall0 = time.perf_counter()
     spec = cfg.spec
     topo = check(cfg, cluster, policy, calibration)
-    cfg = cfg.model_copy(update={"comm_policy": policy})
-    compute = ComputeModel.build(spec, cfg.micro_batch_size, cfg.tokens_seq, cluster.device, cfg.optimizer,
+    cfg = cfg.with_(comm_policy=policy)
+    compute = ComputeModel.build(spec, cfg.parallel.micro_batch_size, cfg.tokens_seq, cluster.device, cfg.optim.optimizer,
                                  calibration)
-    if cfg.recompute:
+    if cfg.model.recompute:
         compute = compute.recomputing(spec)
     plan = plan_job(cfg, topo, lambda: [f + b for f, b in zip(compute.forward_s, compute.backward_s)],
                     collective_factor=cluster.collective_factor(INTER))
@@ -161,9 +162,9 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
         fwd_s, bwd_s = compute.stage(st.layers)
         method = None
         if st.sparse_param is not None:
-            method = cfg.embedding_comm
+            method = cfg.comm.embedding_comm
             if method == "auto":
-                method = sparse_cost.choose(cfg.dp, spec.vocab_size, spec.d_model, math.ceil(rows),
+                method = sparse_cost.choose(cfg.parallel.dp, spec.vocab_size, spec.d_model, math.ceil(rows),
                                             alpha_s=link.latency_s, bytes_per_s=link.bytes_per_s)
             methods.append(method)
         stages.append(StageWork(fwd_s, bwd_s, bwd_params, compute.optimizer_s_per_param * sum(st.numels),
@@ -189,14 +190,13 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
         sims.append(sim)
 
     def step_times(sim: Simulation) -> list[float]:
-        ends = [sim.stats[(cfg.pp - 1, 0, t)].end for t in range(cfg.steps)]  # as the runtime's reporter sees them
+        ends = [sim.stats[(cfg.parallel.pp - 1, 0, t)].end for t in range(cfg.steps)]  # as the runtime's reporter sees them
         return [b - a for a, b in zip([0.0, *ends[:-1]], ends)]
     kept = steady_steps(cfg.steps)  # the steps trirace bench measures
     # Each run's mean over whole pairs of them (its throughput there), and the median over
     # noisy runs. Not the median step, as the bench reports measured runs: steps are not
     # barriers, and under 2bw's one-step delay a policy that defers work alternates long and
-    # short steps (stop 42: trirace at 1x4 @ 50 Mbit, 0.278 / 0.176 s about a link bound of
-    # 0.227 s). The median step, or the mean of an odd count, can then beat the bound that
+    # short steps (around a link bound, one step above it and the next below). The median step, or the mean of an odd count, can then beat the bound that
     # the run's throughput obeys; an even count of steps holds whole pairs. Exposed time and
     # CPU per step are taken over the same steps, so they describe the step time beside them.
     pairs = range(kept.start + len(kept) % 2, kept.stop) if len(kept) > 1 else kept
@@ -206,9 +206,9 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
                for k in ("p2p", "allreduce", "sparse")}
     bound = _bound(cfg, plan, cluster, stages, table_sent(cfg, plan, rows), tie_bytes)
     versions = sched.staleness + 1
-    in_flight = [max(r.peak_in_flight for sim in sims for r in sim.ranks if r.stage == s) for s in range(cfg.pp)]
-    mem = [stage_memory(spec, layers, cfg.micro_batch_size, cfg.tokens_seq, peak, versions,
-                        cfg.optimizer, cfg.precision, cfg.recompute)["total"] / 1e9
+    in_flight = [max(r.peak_in_flight for sim in sims for r in sim.ranks if r.stage == s) for s in range(cfg.parallel.pp)]
+    mem = [stage_memory(spec, layers, cfg.parallel.micro_batch_size, cfg.tokens_seq, peak, versions,
+                        cfg.optim.optimizer, cfg.model.precision, cfg.model.recompute)["total"] / 1e9
            for layers, peak in zip(stage_ranges(sizes), in_flight)]
     if trace_out is not None:
         _trace(sims[0], trace_out, cfg)
@@ -220,7 +220,7 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
                      exposed, step_times(sims[0]), mem, in_flight, hier, sizes, layout.order,
                      chunk / 2**20 if chunk else None, methods[0] if methods else None, compute.source,
                      len(sims[0].ranks), len(sims), sum(sim.events_run for sim in sims), time.perf_counter() - wall0,
-                     _cpu_per_step(sims, cfg.pp - 1, pairs))
+                     _cpu_per_step(sims, cfg.parallel.pp - 1, pairs))
 
 
 def _cpu_per_step(sims: list[Simulation], last: int, steps: range) -> dict[str, float]:
@@ -241,7 +241,7 @@ def _autotuned(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Cal
     keeps the fastest; here each trial is simulated as its own job and the fastest one's
     steady state is the prediction (the trial steps themselves are not)."""
     wall0 = time.perf_counter()
-    trials = [cfg.model_copy(update={"autotune": False, "partition_mb": p, "credit_mb": c})
+    trials = [cfg.with_(autotune=False, partition_mb=p, credit_mb=c)
               for p, c in chunk_choices(policy)[1:]]
     results = [simulate(t, cluster, policy, calibration) for t in trials]
     best = min(range(len(trials)), key=lambda i: results[i].iteration_time_s)
@@ -284,7 +284,7 @@ def _collective(stage: int, fabric: Fabric, topo: Topology, hierarchical: bool, 
 
 def _bound(cfg: TrainConfig, plan: JobPlan, cluster: Cluster, stages: list[StageWork],
            table_sent: float | None, tie_bytes: float) -> Bound:
-    m, layout = cfg.micro_batches, plan.layout
+    m, layout = cfg.parallel.micro_batches, plan.layout
     per_stage = [m * (w.forward_s + sum(w.backward_s)) + w.optimizer_s for w in stages]
     per_rank = [per_stage[layout.coords(r)[0]] for r in range(layout.world_size)]
     load = plan_link_bytes(plan, m, cfg.activation_bytes, table_sent, tie_bytes, cluster.collective_factor(INTER))
@@ -295,7 +295,7 @@ def _trace(sim: Simulation, out: Path, cfg: TrainConfig) -> None:
     events = []
     for r in sim.ranks:
         evs = r.rec.events(0.0)
-        stands = "" if sim.fabric.unfold else f", stands for {cfg.dp} replicas"
+        stands = "" if sim.fabric.unfold else f", stands for {cfg.parallel.dp} replicas"
         evs[0]["args"]["name"] = f"stage {r.stage} (rank {r.rank}{stands})"
         events += evs
     write_trace(Path(out), events)

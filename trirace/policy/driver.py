@@ -1,6 +1,6 @@
 """One stage's communication decisions, as both executors drive them.
 
-The runtime (runtime/comm.py, threads and process groups) and the simulator
+The runtime (runtime/stage_comm.py, threads and process groups) and the simulator
 (sim/executor.py, an event loop) call exactly these methods at the same points of a stage's
 action list, so what the stage decides cannot drift between them:
 

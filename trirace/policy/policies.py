@@ -9,10 +9,10 @@ group, so the real runtime and the simulator run the very same objects.
   backward finishes them, DDP-style), no priorities, no bound on bytes in flight.
 - priority: ByteScheduler for data parallelism: chunks in forward-layer order, a credit
   window on bytes in flight; P2P is launched as it comes, with no special treatment.
-- trirace: schedule-aware and link-aware (design in comm/scheduler.py). P2P is on the
+- trirace: schedule-aware and link-aware (design in policy/scheduler.py). P2P is on the
   critical path, so chunks fill the gaps between P2P transfers on their link: a chunk
   starts only if it and the chunks in flight are predicted to finish before the next P2P
-  transfer crosses that link (comm/forecast.py), unless its step has no slack left before
+  transfer crosses that link (policy/forecast.py), unless its step has no slack left before
   its deadline. Chunks go in deadline order (ties: the order backward readies them), sized
   from the link so that gaps fit them; 2BW's one-step delay is the slack they wait in.
 """

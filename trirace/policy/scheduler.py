@@ -11,7 +11,7 @@ Rules, each with its reason:
    sender sees it complete and, through the forecast, for the time its bytes need on the
    link. A receive that waits for its upstream's compute does not count: the link is idle
    exactly then, and that is when chunks should run.
-3. Gap filling (policies with `fills_gaps`). The forecast (comm/forecast.py) says when the
+3. Gap filling (policies with `fills_gaps`). The forecast (policy/forecast.py) says when the
    next P2P transfer will cross the chunks' link. A chunk starts only if it and the chunk
    bytes already in flight can cross before then; otherwise it waits for the end of that
    transfer and is reconsidered (`wake_at`). P2P then meets an empty link instead of

@@ -14,7 +14,7 @@ PROBE_PORT = 47177  # fresh namespaces: nothing else can hold it
 PROBE_TIMEOUT_S = 15
 
 # Each node listens on its own address and connects to the next node, so one concurrent round
-# exercises every uplink and every downlink; exits 0 only when both halves succeeded.
+# exercises every uplink and every downlink; exits 0 only when both halves succeed.
 _TCP_PROBE = r"""
 import socket, sys, threading, time
 me, peer, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
