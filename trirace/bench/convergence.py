@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", default=",".join(label(*r) for r in RUNS),
                    help="comma-separated among " + ", ".join(label(*r) for r in RUNS) + " (1f1b is always run)")
     p.add_argument("--lr", type=float, help="peak learning rate for every optimizer (default: adamw and muon 3e-3, sgd 0.3)")
-    p.add_argument("--out", default="docs/bench/convergence", help="output directory")
+    p.add_argument("--out", default="docs/benchmarks/convergence", help="output directory")
     p.add_argument("--resume", action="store_true",
                    help="keep the runs already in OUT/convergence.json (same settings) and run only the missing ones")
     args = p.parse_args(argv)

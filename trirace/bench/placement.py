@@ -87,7 +87,7 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="docs/bench/placement", help="where placement.md goes")
+    ap.add_argument("--out", default="docs/benchmarks/placement", help="where placement.md goes")
     ap.add_argument("--steps", type=int, default=6, help="simulated steps per run (default: 6)")
     ap.add_argument("--all-policies", action="store_true", help="check the bound under every policy, not only trirace")
     args = ap.parse_args(argv)

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resimulate", metavar="JSON", help="predict again from a saved accuracy.json")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12, help="per run: the first 2 and the last 2 are not steady")
-    ap.add_argument("--out", default="docs/bench/sim-accuracy")
+    ap.add_argument("--out", default="docs/benchmarks/sim-accuracy")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
