@@ -1,6 +1,8 @@
 """Checkpoint and resume: a resumed 2BW run continues bitwise where an uninterrupted one
 goes, under another policy too, and a torn checkpoint is passed over."""
 
+import json
+
 import pytest
 
 from trirace.config import make_config
@@ -151,3 +153,20 @@ def test_torchrun_restarts_and_resumes(tmp_path):
     assert sorted(whole) == list(range(5))  # the plain run under torchrun (env:// rendezvous, gloo, 4 ranks)
     assert max(resumed) == 4 and min(resumed) >= 1  # the restarted attempt began after a checkpoint
     assert all(resumed[s] == whole[s] for s in resumed)
+
+
+def test_a_checkpoint_of_another_format_is_refused_in_one_line(two_steps, tmp_path, capsys):
+    import shutil
+
+    from trirace.cli import main
+
+    ck = tmp_path / "ck"
+    shutil.copytree(two_steps, ck)
+    meta = ck / "step-000001" / "meta.json"
+    meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != "format"}))
+    code = main(["train", "--model", "gpt-test", "--data", "synthetic", "--micro-batches", "3", "--seq-len", "16",
+                 "--micro-batch-size", "2", "--partition", "3,4", "--steps", "4", "--no-progress",
+                 "--checkpoint-dir", str(ck), "--resume"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "has format None; this trirace reads format 1" in err[0]

@@ -25,6 +25,7 @@ from ..errors import UsageError
 from .stage import StageModel
 
 _STEP = re.compile(r"step-(\d{6})")
+FORMAT = 1  # meta.json's "format": what this module writes and the only one it reads
 
 
 def identity(cfg: TrainConfig, partition: list[int]) -> dict:
@@ -44,7 +45,7 @@ def save(root: Path, step: int, stage: int, model: StageModel, ident: dict) -> N
     d = Path(root) / f"step-{step:06d}"
     d.mkdir(parents=True, exist_ok=True)
     if stage == 0:
-        _atomic_write(d / "meta.json", lambda p: p.write_text(json.dumps({"step": step, **ident})))
+        _atomic_write(d / "meta.json", lambda p: p.write_text(json.dumps({"format": FORMAT, "step": step, **ident})))
     state = {
         "step": step,
         "versions": [m.state_dict() for m in model.versions],
@@ -73,7 +74,11 @@ def check(d: Path, ident: dict) -> int:
         meta = json.loads((d / "meta.json").read_text())
     except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
         raise UsageError(f"unreadable checkpoint {d}: {e}") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int) or meta["step"] != _step_of(d):
+    if not isinstance(meta, dict):
+        raise UsageError(f"checkpoint {d}: meta.json is not a trirace checkpoint's meta")
+    if meta.get("format") != FORMAT:
+        raise UsageError(f"checkpoint {d} has format {meta.get('format')!r}; this trirace reads format {FORMAT}")
+    if not isinstance(meta.get("step"), int) or meta["step"] != _step_of(d):
         raise UsageError(f"checkpoint {d}: meta.json is not the meta of this step directory")
     for k, v in ident.items():
         if meta.get(k) != v:
