@@ -18,8 +18,8 @@ def test_steps_to_target_is_the_first_evaluation_at_or_below_it():
 
 
 def test_table_compares_each_run_with_1f1b_at_equal_tokens():
-    results = [{"optimizer": "adamw", "run": "1f1b", "rows": _rows([5.0, 4.0, 3.0, 2.0])},
-               {"optimizer": "adamw", "run": "2bw", "rows": _rows([5.0, 4.5, 3.5, 2.2])}]
+    results = [{"optimizer": "adamw", "run": "1f1b", "seed": 0, "rows": _rows([5.0, 4.0, 3.0, 2.0])},
+               {"optimizer": "adamw", "run": "2bw", "seed": 0, "rows": _rows([5.0, 4.5, 3.5, 2.2])}]
     text = table(results)
     assert "| 0 | adamw | 1f1b | 2.0000 | +0.00% | 8 (target 2.0000) |" in text
     assert "| 0 | adamw | 2bw | 2.2000 | +10.00% | not reached (target 2.0000) |" in text
@@ -46,9 +46,9 @@ def test_bad_arguments_stop_before_any_run(capsys):
 
 
 def test_table_holds_other_optimizers_against_1f1b_with_adamw():
-    results = [{"optimizer": "adamw", "run": "1f1b", "rows": _rows([5.0, 4.0, 3.0, 2.0])},
-               {"optimizer": "muon", "run": "1f1b", "rows": _rows([4.0, 3.0, 2.0, 1.5])},
-               {"optimizer": "muon", "run": "2bw", "rows": _rows([4.5, 3.5, 1.9, 1.6])}]
+    results = [{"optimizer": "adamw", "run": "1f1b", "seed": 0, "rows": _rows([5.0, 4.0, 3.0, 2.0])},
+               {"optimizer": "muon", "run": "1f1b", "seed": 0, "rows": _rows([4.0, 3.0, 2.0, 1.5])},
+               {"optimizer": "muon", "run": "2bw", "seed": 0, "rows": _rows([4.5, 3.5, 1.9, 1.6])}]
     text = table(results)
     # Against its own optimizer's 1f1b, then against adamw's (final 2.0, target 2.0 at step 8).
     assert "| 0 | muon | 2bw | 1.6000 | +6.67% | not reached (target 1.5000) | -20.00% | 6 (target 2.0000) |" in text
@@ -64,8 +64,12 @@ def test_resume_keeps_finished_runs_and_refuses_other_settings(tmp_path, capsys)
 
     saved = [{"optimizer": "adamw", "run": n, "seed": 0, "rows": _rows(v)}
              for n, v in (("2bw", [5.0, 4.4]), ("1f1b", [5.0, 4.0]))]
-    (tmp_path / "convergence.json").write_text(json.dumps(saved))  # the format before settings were kept
     argv = ["--steps", "4", "--eval-every", "2", "--optimizers", "adamw", "--runs", "1f1b,2bw", "--out", str(tmp_path)]
+    (tmp_path / "convergence.json").write_text(json.dumps(saved))  # a list, with no format: refused
+    assert main(argv + ["--resume"]) == 2
+    assert "has format None; this trirace reads format 1" in capsys.readouterr().err
+    (tmp_path / "convergence.json").write_text(json.dumps(
+        {"format": 1, "settings": {"steps": 4, "eval_every": 2, "lr": None}, "results": saved}))
     assert main(argv + ["--resume"]) == 0
     assert (tmp_path / "convergence.md").read_text().startswith("`python -m trirace.bench.convergence") and \
         "--resume`" in (tmp_path / "convergence.md").read_text()

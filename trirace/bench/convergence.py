@@ -64,6 +64,9 @@ def run(steps: int, eval_every: int, optimizers: list[str], seeds: list[int],
     return [{"optimizer": o, "run": n, "seed": seed, "rows": rows} for (o, n, seed), rows in zip(names, results)]
 
 
+FORMAT = 1  # convergence.json's "format": what --resume reads
+
+
 def _key(result: dict) -> tuple[str, str, int]:
     """(optimizer, run, seed): what names one run among a file's results."""
     return result["optimizer"], result["run"], result["seed"]
@@ -75,10 +78,11 @@ def previous(path: Path, steps: int, eval_every: int, lr: float | None) -> list[
     if not path.exists():
         return []
     saved = json.loads(path.read_text())
-    if isinstance(saved, list):  # written before settings were recorded: judge by the rows
-        saved = {"settings": None, "results": saved}
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+        found = saved.get("format") if isinstance(saved, dict) else None
+        raise ValueError(f"{path} has format {found!r}; this trirace reads format {FORMAT}: use another --out")
     want = {"steps": steps, "eval_every": eval_every, "lr": lr}
-    if saved["settings"] not in (None, want) or any(
+    if saved["settings"] != want or any(
             len(r["rows"]) != steps or [x["step"] for x in r["rows"] if x.get("val_loss") is not None]
             != [t for t in range(steps) if (t + 1) % eval_every == 0 or t == steps - 1] for r in saved["results"]):
         raise ValueError(f"{path} holds runs with other settings than {want}; use another --out")
@@ -115,11 +119,11 @@ def table(results: list[dict]) -> str:
         s = steps_to(r, target)
         return f"{s if s is not None else 'not reached'} (target {target:.4f})"
 
-    for seed in dict.fromkeys(r.get("seed", 0) for r in results):
-        base = reference([r for r in results if r["optimizer"] == "adamw" and r.get("seed", 0) == seed]) \
+    for seed in dict.fromkeys(r["seed"] for r in results):
+        base = reference([r for r in results if r["optimizer"] == "adamw" and r["seed"] == seed]) \
             if across else None
         for opt in opts:
-            mine = [r for r in results if r["optimizer"] == opt and r.get("seed", 0) == seed]
+            mine = [r for r in results if r["optimizer"] == opt and r["seed"] == seed]
             ref_final, target = reference(mine)
             for r in mine:
                 final = curves(r)[-1][1]
@@ -129,7 +133,7 @@ def table(results: list[dict]) -> str:
                 if base:
                     row += f" {100 * (final / base[0] - 1):+.2f}% | {reached(r, base[1])} |"
                 lines.append(row)
-    if len({r.get("seed", 0) for r in results}) > 1:
+    if len({r["seed"] for r in results}) > 1:
         lines += ["", "| optimizer | run | mean vs 1f1b over seeds | range |", "|---|---|---|---|"]
         for (opt, name), d in diffs.items():
             lines.append(f"| {opt} | {name} | {100 * sum(d) / len(d):+.2f}% | "
@@ -144,14 +148,14 @@ def plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     opts = list(dict.fromkeys(r["optimizer"] for r in results))
-    seeds = list(dict.fromkeys(r.get("seed", 0) for r in results))
+    seeds = list(dict.fromkeys(r["seed"] for r in results))
     colors = {name: f"C{i}" for i, name in enumerate(dict.fromkeys(r["run"] for r in results))}
     fig, axes = plt.subplots(1, len(opts), figsize=(6 * len(opts), 4), squeeze=False)
     for ax, opt in zip(axes[0], opts):
         for r in results:
             if r["optimizer"] == opt:
                 xs, ys = zip(*curves(r))
-                i = seeds.index(r.get("seed", 0))
+                i = seeds.index(r["seed"])
                 ax.plot([x / 1e6 for x in xs], ys, marker=".", color=colors[r["run"]],
                         ls=("-", "--", ":", "-.")[i % 4],
                         label=r["run"] if len(seeds) == 1 else f"{r['run']}, seed {seeds[i]}")
@@ -202,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     results = sorted(wanted + new, key=lambda r: order[_key(r)])
     others = [r for r in kept if _key(r) not in order]  # saved, not asked for now
     (out / "convergence.json").write_text(json.dumps(  # the file keeps every run; the table and plot show these
-        {"settings": {"steps": args.steps, "eval_every": args.eval_every, "lr": args.lr}, "results": results + others}))
+        {"format": FORMAT, "settings": {"steps": args.steps, "eval_every": args.eval_every, "lr": args.lr}, "results": results + others}))
     command = f"python -m trirace.bench.convergence --steps {args.steps} --eval-every {args.eval_every} " \
               f"--optimizers {','.join(opts)} --seeds {','.join(map(str, seeds))} --runs {','.join(names)} " \
               + (f"--lr {args.lr:g} " if args.lr is not None else "") + f"--out {args.out}" \

@@ -73,7 +73,7 @@ class StepMetrics:
                                 dtype=torch.float64)
         if self.g.is_reporter:  # the same on every rank: one writes them
             vec[nf - 3:nf] = torch.tensor([rec.grad_norm, rec.lr, float(rec.skipped)], dtype=torch.float64)
-        mine = {"compute_cpu": rec.compute_cpu_s, "rss": rss_mb(), "peak_rss": _peakrss_mb()}
+        mine = {"compute_cpu": rec.compute_cpu_s, "rss": rss_mb(), "peak_rss": peak_rss_mb()}
         if self.model.tied is not None:
             mine["tied"] = self.model.checksum(rec.step + 1, self.model.tied)
         cpu = (time.process_time(), time.thread_time())
