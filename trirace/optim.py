@@ -129,19 +129,12 @@ def clip_factor(norm: float, max_norm: float | None) -> float:
 # - "dc" (DC-ASGD-a): g += lambda g*g / sqrt(v) * (W(t) - W(t-1)), a first-order Taylor
 #   correction of the stale gradient with the diagonal outer-product approximation of the
 #   Hessian; v is Adam's second moment (1 for SGD).
-# What was measured (README, Convergence). With AdamW the delay costs 7-19% of validation
-# loss at 160 steps on gpt-tiny (three seeds, docs/bench/convergence-seeds) and 22% at 1000
-# steps on a GPU (docs/bench/convergence-gpu); prediction recovers about half of it at 1000
-# steps and little at 160; DC-ASGD did not help at 120 steps. Raising beta1 or lowering beta2,
-# clipping, a longer warm-up and extrapolating the last update all left the delayed run on
-# the loss plateau (single-process exploration, seed 0). The optimizer decides: with Muon
-# (MuonAdamW above) the delay costs 2.0% at 1000 steps (prediction 1.7%), as arXiv
-# 2606.30634 reports, and the delayed Muon run is 15% below synchronous AdamW. Prediction
-# is the better correction for the Adam family and Muon, whose normalised updates are
-# smooth enough to extrapolate, and worse for plain SGD (160 steps, 3 seeds: 2bw +1.9%,
-# predict +3.5%), whose raw steps overshoot when doubled. Lowering AdamW's beta1 helped
-# 2bw most (seed 0: 6.35 with 0.5 against 6.90; 1f1b 5.82), not enough. The default
-# stays "none"; for 2bw, use muon with "predict".
+# Which correction to use is measured by python -m trirace.bench.convergence (reports in
+# docs/benchmarks/): with AdamW the delay costs a tenth or more of the validation loss and
+# prediction recovers part of it; with Muon (MuonAdamW above) the delay costs little, as
+# arXiv 2606.30634 reports. Prediction suits the Adam family and Muon, whose normalised
+# updates are smooth enough to extrapolate, and not plain SGD, whose raw steps overshoot
+# when doubled. So the default stays "none"; for 2bw, use muon with "predict".
 DC_LAMBDA = 2.0
 
 

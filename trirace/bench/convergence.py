@@ -1,6 +1,6 @@
 """Does the asynchronous pipeline train as well as the synchronous one, token for token?
 
-    python -m trirace.bench.convergence --steps 120 --out docs/bench/convergence
+    python -m trirace.bench.convergence --steps 120 --out docs/benchmarks/convergence
 
 Trains gpt-tiny on the standard library's text with a held-out tail, under 1f1b (the
 synchronous reference: W(t+1) = W(t) - lr g(W(t))), 2bw (one step of weight delay), and

@@ -3,7 +3,7 @@ and pp x dp layouts (dp and pp larger than a node included), simulate every cand
 order explicitly and compare auto's pick with the best; check that no simulated policy
 beats the lower bound.
 
-    python -m trirace.bench.placement [--out docs/bench/placement] [--steps 6]
+    python -m trirace.bench.placement [--out docs/benchmarks/placement] [--steps 6]
 
 Auto's pick is what `plan_job` chooses for the job (its analytic prediction); its time is
 the simulated time of that order, so the table says how much the prediction leaves on the

@@ -2,7 +2,7 @@
 - the busiest rank's own computation (its stage's work is serial),
 - all ranks' computation divided by the cores they share (here 4 ranks share 2 cores),
 - for every node's uplink and downlink, the bytes it must carry over its bandwidth.
-Overlap efficiency is this bound over the measured step time (design.md 4).
+Overlap efficiency is this bound over the measured step time.
 
 The bytes are counted from the job plan as the run sends them: a hierarchical reduction
 crosses nodes only among the node leaders, and the token table, when it travels as a

@@ -2,7 +2,7 @@
 
 Every rank feeds the tuner the same numbers (step times summed over the world by the
 metrics all-reduce), so every rank reaches the same decision at the same step without a
-broadcast: the chunking of a collective must be agreed by its whole group (design.md 3b).
+broadcast: the chunking of a collective must be agreed by its whole group.
 Trials are a fixed, short list of (partition, credit) pairs, each run for `warmup + measure`
 steps; the winner applies once every rank is sure to have seen all trials. A grid this
 small needs no Bayesian optimisation: 6 trials x 3 steps cost ~18 steps.

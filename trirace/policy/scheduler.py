@@ -2,7 +2,7 @@
 
 Rules, each with its reason:
 1. Order is agreed, timing is local. Collectives must leave in the same order on every
-   member of a group (design.md 3b), so the order is fixed when a step's chunks are
+   member of a group (or NCCL hangs, and gloo mixes one member's tensors with another's), so the order is fixed when a step's chunks are
    enqueued, from shapes and settings every replica shares; the head of that order is
    never skipped. Events (a chunk became ready, a transfer started or finished, a
    deadline arrived, a forecast gap opened) only decide *when* the head launches. A
@@ -16,10 +16,9 @@ Rules, each with its reason:
    bytes already in flight can cross before then; otherwise it waits for the end of that
    transfer and is reconsidered (`wake_at`). P2P then meets an empty link instead of
    sharing it with bulk bytes. A chunk's time here is its bytes over the link's agreed
-   rate. (Chunks measured on shared cores take two to three times that; gaps measured
-   with that time fit almost no chunk, chunks bunched up at their deadline and ran into
-   the compute they were meant to hide behind: on the 4x1 testbed at 250 Mbit the step
-   was 1.46 s against 1.33-1.41 s with the agreed rate.)
+   rate, not what chunks measured: on shared cores chunks take two to three times their
+   bytes' link time, gaps measured with that time fit almost no chunk, and the chunks
+   bunch up at their deadline and run into the compute they are meant to hide behind.
 4. Deadlines win. Under 2BW a step's reduction is due at its AR, one step after it became
    ready. A step is urgent once the engine waits at its AR, or once its remaining chunk
    bytes plus the P2P time forecast before its deadline no longer fit in the time left:

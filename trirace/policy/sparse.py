@@ -41,8 +41,8 @@ BYTES_PER_S = 12.5e9
 INDEX_BYTES = 8
 # Local work per byte a sparse method ships (packing, padding, scatter-add, and gloo's
 # all_gather/all_to_all being slower per byte than its all-reduce), relative to one byte of
-# a dense all-reduce. Measured here (docs/bench/sparse.md): at 20% density allgather sent
-# 2.5x fewer bytes than dense and still took 1.3x longer, about 3.3x the cost per byte.
+# a dense all-reduce: the sparse benchmark (python -m trirace.bench.sparse; report in
+# docs/benchmarks/) finds a byte of allgather costs about three bytes of dense all-reduce.
 SPARSE_BYTE_COST = 3.0
 
 T = TypeVar("T")

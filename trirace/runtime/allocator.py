@@ -1,6 +1,6 @@
 """glibc malloc settings for every trirace rank process (local workers, torchrun's ranks),
 the calibration's measurements and a benchmark's processes: whatever one system in a
-benchmark gets, all get (design.md 4), and the calibration times what the runs run.
+benchmark gets, all get, and the calibration times what the runs run.
 
 glibc gives big requests their own mmap and hands freed memory back to the kernel, so a
 step that frees and re-allocates the same buffers faults their pages in afresh each time

@@ -46,9 +46,8 @@ def run_jobs(jobs: list[dict], out: Path) -> None:
     next starts (a bench's twelfth job would otherwise run beside eleven jobs' leftovers).
     What survives the first job's collection is the process's own: torch's modules, and
     dynamo's, which the first optimizer imports (some 300,000 objects). It is frozen once,
-    so later collections skip it: 12 small jobs on 4 ranks take 9.1-9.3 s so, 11.8-12.4 s
-    with full collections (interleaved). The price: what of it dies later in a cycle is
-    never freed."""
+    so later collections skip it, which makes each later job's start-up a fraction of a
+    second shorter. The price: what of it dies later in a cycle is never freed."""
     for i, job in enumerate(jobs):
         rows = run_job(job["system"], TrainConfig(**job["config"]))
         gc.collect()
