@@ -36,7 +36,7 @@ from .evaluate import Evaluator
 from .groups import Groups, control_communicator, make_groups
 from .hostcpu import host_cpu_s, shares
 from .probe import detect_topology, probe_links
-from .profile import profile_layers
+from .layer_timing import profile_layers
 from .stage import StageModel
 from .wakeups import others_wakeups
 
