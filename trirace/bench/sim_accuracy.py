@@ -26,10 +26,10 @@ Beside each prediction stand the CPU seconds per step every rank's process used 
 threads; each rank's median steady step, summed) and what the simulator charged the
 shared cores (computation and transfers; the mean of its steady steps): where the cores
 bind, a step cannot be predicted closer than that CPU is.
-A median of a few steps whose times spread 10-30% is itself uncertain by a few percent.
-So every steady step is kept, and each measured median comes with a 95% bootstrap
-interval: a miss whose prediction is within 5% of some value in that interval cannot be
-told from the measurement's own uncertainty.
+Step times on shared cores spread widely, so a median of a few steps is itself uncertain
+by a few percent. So every steady step is kept, and each measured median comes with a 95%
+bootstrap interval: a miss whose prediction is within 5% of some value in that interval
+cannot be told from the measurement's own uncertainty.
 Writes accuracy.json, accuracy.md and accuracy.png (predicted against measured) to --out.
 """
 
@@ -371,7 +371,7 @@ def miss_reasons(payload: dict, where: Path) -> list[str]:
 
 
 def calibrations(payload: dict, where: Path) -> str:
-    """What each rate's calibration measured. They were taken minutes apart on the same
+    """What each rate's calibration measured. They are taken minutes apart on the same
     host with the same model: their spread is the host's own drift, which no prediction
     from one of them can be closer than."""
     lines = ["| calibration | forward + backward per micro-batch (s) (its timings) | work done by 1..k ranks at once "
