@@ -44,8 +44,10 @@ def test_the_optimizer_is_timed_on_a_real_steps_gradients():
 def test_layers_are_timed_per_layer_on_the_jobs_device_and_rows_on_its_data():
     cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 2, "data": "synthetic"})
     device = job_device(cfg)
-    assert device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert device.type == ("cuda" if torch.cuda.device_count() >= cfg.world_size else "cpu")  # a GPU per rank
     assert job_device(cfg.model_copy(update={"backend": "gloo"})).type == "cpu"  # gloo's ranks compute on the CPU
+    nccl = cfg.model_copy(update={"backend": "nccl"})  # one of a job's GPUs, however many ranks it has
+    assert job_device(nccl).type == ("cuda" if torch.cuda.is_available() else "cpu")
     fwd, bwd, opt = layer_times(cfg, reps=1, device=device)
     assert len(fwd) == len(bwd) == 7 and all(t > 0 for t in fwd + bwd) and opt > 0
     rows = rows_touched(cfg)
