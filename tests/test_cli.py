@@ -117,14 +117,6 @@ def test_a_sweep_that_cannot_run_fails_before_its_progress_bar(capsys):
     assert "1 x 1 = 1 devices but pp x dp = 4" in _one_line_error(capsys, ["simulate", "--sweep", "--nodes", "1"])
 
 
-def test_calibration_of_the_wrong_types_is_one_line(capsys, tmp_path):
-    f = tmp_path / "cal.json"
-    f.write_text(json.dumps({"version": 1, "model": "gpt-test", "micro_batch_size": 2, "seq_len": 16, "threads": 1,
-                             "forward_s": ["fast"], "backward_s": [0.1], "optimizer_s_per_param": 0.0}))
-    assert "forward_s.0: Input should be a valid number" in _one_line_error(
-        capsys, ["simulate", "--model", "gpt-test", "--calibration", str(f)])
-
-
 def test_resume_require_refuses_a_missing_checkpoint(capsys, tmp_path):
     line = _one_line_error(capsys, ["train", *QUICK, "--checkpoint-dir", str(tmp_path / "typo"),
                                     "--resume=require"])

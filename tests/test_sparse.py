@@ -182,7 +182,7 @@ def test_exchange_rejects_bad_arguments_before_any_collective():
 
 
 def test_the_local_passes_profile_times_are_the_allgather_methods_own():
-    from trirace.runtime.calibrate import sparse_local_s
+    from trirace.calibrate.layers import sparse_local_s
     from trirace.runtime.sparse_exchange import local_passes
     from trirace.config import make_config
 

@@ -134,16 +134,26 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--trace-out", metavar="DIR", help="write a Chrome/Perfetto timeline of the simulated run")
     sim.add_argument("--list-clusters", action="store_true", help="list the cluster presets and exit")
     prof = sub.add_parser("profile", help="measure per-layer compute, links and data here; write a calibration file "
-                          "for trirace simulate")
+                          "for trirace simulate",
+                          description="Time each layer and the optimizer on the job's device, probe the loopback "
+                          "link, count the rows the data touches; write a calibration file for trirace simulate "
+                          "--calibration and print what was measured. About a minute for a small model. --link adds "
+                          "an emulated inter-node link (root); --contention adds what ranks sharing this host's cores "
+                          "cost each other (several minutes).")
     _add_config_flags(prof, JOB_FIELDS)
     prof.add_argument("--out", default="calibration.json", metavar="FILE", help="(default: calibration.json)")
     prof.add_argument("--cluster", default="testbed", help="the cluster preset this machine stands for (default: testbed)")
     prof.add_argument("--link", help="also measure an emulated inter-node link of this rate (root; e.g. 250mbit)")
     prof.add_argument("--mtu", type=int, default=9000, help="MTU of that emulated link (default: 9000)")
-    prof.add_argument("--rounds", type=int, default=3, help="where ranks share cores: read the contention and "
-                      "transfer-CPU probes this many times, spread over the profile, and keep the medians (default: 3)")
+    prof.add_argument("--contention", action="store_true",
+                      help="also measure what ranks sharing this host's cores cost each other: the contention of "
+                      "k ranks computing at once and the CPU a transfer takes from them, beside a short real run's "
+                      "wake-ups (only for a cluster whose ranks share cores, the testbed; takes several minutes). "
+                      "Without it the simulator takes the cores as ideal and transfers as free of CPU")
+    prof.add_argument("--rounds", type=int, default=3, help="with --contention: read its probes this many times, "
+                      "spread over the profile, and keep the medians (default: 3)")
     prof.add_argument("--probe-seconds", type=float, default=4.0, metavar="S",
-                      help="each contention window's length (default: 4)")
+                      help="with --contention: each contention window's length (default: 4)")
     _add_dry_run(prof)
     testbed = sub.add_parser("testbed", help="build or remove an emulated multi-node cluster (root)")
     tsub = testbed.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
@@ -367,7 +377,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from .runtime.calibrate import check_probe_settings, profile
+    from .calibrate.profile import check_contention, check_probe_settings, run
     from .sim.cluster import PRESETS
 
     if args.cluster not in PRESETS:
@@ -375,6 +385,8 @@ def _profile(args: argparse.Namespace) -> int:
     cfg = _config(args)
     preflight.output_file(args.out, "--out")
     check_probe_settings(args.rounds, args.probe_seconds)
+    if args.contention:
+        check_contention(args.cluster)
     if args.link is not None:
         from .testbed import check
 
@@ -385,44 +397,7 @@ def _profile(args: argparse.Namespace) -> int:
         prepare(cfg)
         print(f"dry run: would profile {cfg.model.name} and write {args.out}")
         return 0
-    print(f"profile: {cfg.model.name}, micro-batches of {cfg.parallel.micro_batch_size} x {cfg.tokens_seq} tokens, "
-          f"as one of {cfg.world_size} ranks here{f'; links at {args.link}' if args.link else ''}",
-          file=sys.stderr, flush=True)
-    cal = profile(cfg, args.cluster, args.link, args.mtu, rounds=args.rounds, probe_s=args.probe_seconds)
-    cal.save(args.out)
-    fwd, bwd = sum(cal.forward_s), sum(cal.backward_s)
-    links = "; ".join(f"{k} {v['bits_per_s'] / 1e6:.1f} Mbit/s, {v['latency_s'] * 1e6:.0f} us"
-                      for k, v in cal.links.items())
-    shared = ""
-    if cal.cpu_throughput:
-        costs = "; ".join(f"{k} {v['per_message_s'] * 1e6:.0f} us/message + {v['per_byte_s'] * 1e9:.2f} ns/byte beside computation"
-                          + (f" ({v['per_byte_collective_s'] * 1e9:.2f} in all-reduces)" if "per_byte_collective_s" in v else "")
-                          for k, v in cal.transfer_cpu.items())
-        shared = (f"; shared cores do {' '.join(f'{x:.2f}' for x in cal.cpu_throughput)} x one rank's timed work with "
-                  f"1..{len(cal.cpu_throughput)} ranks computing (the median of {len(cal.probe_rounds)} round(s))"
-                  + (f" beside {cal.comm_wakeups_hz:.0f} wake-ups/s each (a rank's other threads', in the job)"
-                     if cal.comm_wakeups_hz else "") + ", an iteration's time varying by "
-                  f"{' '.join(f'{x:.0%}' for x in cal.compute_spread)}; transfer CPU {costs}"
-                  + ("; the job's own ranks computed at " + ", ".join(
-                      f"{v:.2f}x their work alone in CPU on {k}" for k, v in cal.job_cpu_per_work.items())
-                     if cal.job_cpu_per_work else ""))
-    if cal.link_share:
-        shared += "; of two activations leaving a node together the first gets " + ", ".join(
-            f"{v:.0%} of the {k} link" for k, v in cal.link_share.items())
-    if cal.link_queue:
-        shared += "; a collective's message waits behind " + ", ".join(f"{v / 1024:.0f} KiB queued on a busy {k} link"
-                                                                      for k, v in cal.link_queue.items())
-    if cal.sparse_local_s:
-        shared += f"; the sparse exchange's passes over the token table {cal.sparse_local_s * 1e3:.1f} ms"
-    if cal.send_buffer:
-        shared += "; a blocking send returns with " + ", ".join(f"{v / 2**20:.2f} MiB still to cross {k}"
-                                                                for k, v in cal.send_buffer.items())
-    draws = f" (the median of {len(cal.compute_draws_s)} timings: {' '.join(f'{x:.3f}' for x in cal.compute_draws_s)} s)"
-    if cal.copy_draws_bytes_per_s:  # one thread's memory copying speed beside each draw, for the record
-        shared += ("; memory copies at " + " ".join(f"{x / 1e9:.1f}" for x in cal.copy_draws_bytes_per_s)
-                   + " GB/s beside those timings")
-    print(f"forward {fwd * 1e3:.1f} ms, backward {bwd * 1e3:.1f} ms per micro-batch{draws} ({cal.threads} thread(s)); "
-          f"{links}{shared}; wrote {args.out}")
+    run(cfg, args.out, args.cluster, args.link, args.mtu, args.contention, args.rounds, args.probe_seconds)
     return 0
 
 

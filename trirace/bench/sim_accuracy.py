@@ -15,23 +15,21 @@ and spread, the CPU cost of transfers, the data's touched rows); nothing is fitt
 measured step times. Each row also gives the prediction with the replicas folded.
 Measurements are saved as each cell finishes, so a stopped matrix keeps what it measured,
 and `--resimulate` re-predicts them after a simulator change without measuring again.
-Each cell also records the host as it was there: one micro-batch's compute before and
-after it, measured as the calibration measures it, one thread's memory copying speed (as
-beside the calibration's compute draws), and the shared cores' contention curve after it.
-A cell measured on a slower host than its calibration is predicted too fast (stop 28 saw
-0.80-1.18x; stop 29 found most of that in the allocator, and calibration, those timings
-and the runs now share its settings, runtime/allocator.py); a column
-predicts with the host re-measured, to tell the host's drift from the model's error.
+
+The host drifts: a cell measured while it runs slower than at its calibration is
+predicted too fast. So each cell also records the host as it was there: one micro-batch's
+compute before and after it, measured as the calibration measures it, one thread's memory
+copying speed (as beside the calibration's compute timings), and the shared cores'
+contention curve after it; a column predicts with the host re-measured, to tell the
+host's drift from the model's error.
 Beside each prediction stand the CPU seconds per step every rank's process used (all its
 threads; each rank's median steady step, summed) and what the simulator charged the
 shared cores (computation and transfers; the mean of its steady steps): where the cores
-bind, a step cannot be predicted closer than that CPU is (stop 33: the two errors
-correlated at 0.92).
-A median of a few steps whose times spread 10-30% is itself uncertain by a few percent
-(stop 39: one code, two hours, 28 and 23 of 32 within 5%). So every steady step is kept,
-12 steps a run (8 steady; 8 steps, 4 steady, before stop 40), and each measured median
-comes with a 95% bootstrap interval: a miss whose prediction is within 5% of some value in
-that interval cannot be told from the measurement's own uncertainty.
+bind, a step cannot be predicted closer than that CPU is.
+Step times on shared cores spread widely, so a median of a few steps is itself uncertain
+by a few percent. So every steady step is kept, and each measured median comes with a 95%
+bootstrap interval: a miss whose prediction is within 5% of some value in that interval
+cannot be told from the measurement's own uncertainty.
 Writes accuracy.json, accuracy.md and accuracy.png (predicted against measured) to --out.
 """
 
@@ -47,17 +45,36 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from ..calibrate.layers import compute_now, copy_rate
+from ..calibrate.profile import profile
+from ..calibrate.testbed_contention import in_unit, steady_contention
 from ..config import TrainConfig, make_config
 from ..errors import UsageError
 from ..runtime import allocator
-from ..runtime.calibrate import compute_now, copy_rate, in_unit, profile, steady_contention
-from ..sim.calibration import Calibration, layout_key, load_calibration
+from ..sim.calibration import Calibration, load_calibration
 from ..sim.cluster import load_cluster
 from ..sim.simulate import simulate
 from . import matrix, side_by_side
 
 POLICIES = ("blocking", "fifo", "priority", "trirace")
-TARGET = 0.05  # |predicted - measured| / measured, the issue's goal
+TARGET = 0.05  # |predicted - measured| / measured: the simulator's goal
+VERSION = 1  # accuracy.json's format: --resimulate refuses any other
+
+
+def load_accuracy(path: Path) -> dict:
+    """A saved accuracy.json, refused in one line (UsageError) where it is not one of this format."""
+    try:
+        payload = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist") from None
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
+        raise UsageError(f"{path}: not a sim-accuracy file ({e})") from None
+    if not isinstance(payload, dict) or "version" not in payload:
+        raise UsageError(f"{path}: not a sim-accuracy file (no format version)")
+    if payload["version"] != VERSION:
+        raise UsageError(f"{path}: sim-accuracy format version {payload['version']!r}, this trirace reads version "
+                         f"{VERSION}: measure again")
+    return payload
 
 
 def _layout(text: str) -> tuple[int, int]:
@@ -82,16 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.resimulate:
         saved = Path(args.resimulate)
-        payload = json.loads(saved.read_text())
-        if "cells" not in payload:
-            ap.error(f"{saved}: not a matrix's accuracy.json (from before --matrix?); measure again")
-        for cell in payload["cells"]:  # the calibrations travel with the measurements, into --out
-            name = Path(cell["calibration"]).name
-            if not (out / name).exists():
-                src = Path(cell["calibration"])  # as written (older files), else beside the JSON
-                shutil.copyfile(src if src.is_file() else saved.parent / name, out / name)
-            cell["calibration"] = name
-            cell["results"] = predict(cell, out)
+        try:
+            payload = load_accuracy(saved)
+            for cell in payload["cells"]:  # the calibrations travel with the measurements, into --out
+                if not (out / cell["calibration"]).exists():
+                    shutil.copyfile(saved.parent / cell["calibration"], out / cell["calibration"])
+                cell["results"] = predict(cell, out)
+        except UsageError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     else:
         allocator.use()  # the runs' allocator for the calibration and compute_now too (they time in this process)
         cfg = make_config({"steps": args.steps})
@@ -101,16 +117,16 @@ def main(argv: list[str] | None = None) -> int:
                 side_by_side.check(cfg, c)
             except UsageError as e:
                 ap.error(str(e))
-        payload = {"rounds": args.rounds, "steps": args.steps, "cells": []}
+        payload = {"version": VERSION, "rounds": args.rounds, "steps": args.steps, "cells": []}
         calibrations: dict[str, str] = {}
         for i, c in enumerate(cells):
             if c.link not in calibrations:  # once per rate, for every cell at that rate
                 print(f"calibrating at {c.link} ...", file=sys.stderr, flush=True)
                 path = out / f"calibration-{c.link}.json"
-                profile(cfg, "testbed", c.link).save(path)
+                profile(cfg, "testbed", c.link, contention=True).save(path)
                 calibrations[c.link] = path.name  # beside accuracy.json
             print(f"[{i + 1}/{len(cells)}] measuring {matrix.cell_name(c)} ...", file=sys.stderr, flush=True)
-            # the host's speed before and after, against its calibration's (it drifts: stop 27)
+            # the host's speed before and after, against its calibration's (it drifts)
             cal = load_calibration(out / calibrations[c.link])
             before, copy_before = compute_now(cfg, cal.threads), copy_rate()
             measured = side_by_side.run(cfg, c, POLICIES, args.rounds)
@@ -143,8 +159,8 @@ def by_rate(cells: list[side_by_side.Cluster]) -> list[side_by_side.Cluster]:
     """The cells in the order to measure them: each rate's right after its calibration, the
     layouts alternating which goes first from one rate to the next, so neither layout's
     cells are always the older. In the bench's order (every 4x1 cell, then every 2x2 one)
-    each 2x2 cell ran 20-50 minutes after its calibration and each 4x1 one right after;
-    the host drifts over that (stop 45)."""
+    each 2x2 cell would run long after its calibration and each 4x1 one right after, and
+    the host drifts in between."""
     rates = list(dict.fromkeys(c.link for c in cells))
     out = []
     for i, rate in enumerate(rates):
@@ -165,17 +181,13 @@ def predict(cell: dict, where: Path) -> list[dict]:
         pred = simulate(job, cluster, m["system"], cal)
         # the lockstep fold beside it: what simulating the replicas themselves changes
         folded = simulate(job, cluster, m["system"], cal, unfold=False)
-        row = {f"{name}_error": simulate(job, cluster, m["system"], alt).iteration_time_s / m["step_time_s"] - 1
-               for name, alt in alternatives(cal, cluster.shared_cores, layout_key(nodes, rpn)).items()}
-        if cell.get("compute_s"):  # (files from before stop 27 lack it)
-            at_host, speed = at_host_speed(cal, statistics.mean(cell["compute_s"]), cell.get("contention_after"))
-            row["host_compute"] = speed
-            row["host_compute_error"] = simulate(job, cluster, m["system"], at_host).iteration_time_s / m["step_time_s"] - 1
-        if m.get("cpu_s"):  # (files from before stop 33 lack it)
-            row["measured_cpu_s"] = sum(m["cpu_s"])
-        if m.get("wakeups_hz"):  # (files from before stop 34 lack it)
+        at_host, speed = at_host_speed(cal, statistics.mean(cell["compute_s"]), cell["contention_after"])
+        row = {"host_compute": speed,
+               "host_compute_error": simulate(job, cluster, m["system"], at_host).iteration_time_s / m["step_time_s"] - 1,
+               "measured_cpu_s": sum(m["cpu_s"])}
+        if m.get("wakeups_hz"):  # none where the host has no /proc
             row["measured_wakeups_hz"] = statistics.fmean(m["wakeups_hz"])
-        if m.get("host_cpu_share"):  # (files from before stop 42 lack it)
+        if m.get("host_cpu_share"):  # none where the host has no /proc, or no tick passed
             row["measured_host_cpu_share"] = m["host_cpu_share"]
         if cluster.shared_cores:  # the cores' time the simulation left to no rank
             row["predicted_idle_share"] = max(
@@ -185,38 +197,11 @@ def predict(cell: dict, where: Path) -> list[dict]:
                      "error": pred.iteration_time_s / m["step_time_s"] - 1,
                      "folded_error": folded.iteration_time_s / m["step_time_s"] - 1, **row,
                      "rounds_s": m["round_steps_s"],
-                     **({"interval_s": median_interval(m["steps_s"])} if m.get("steps_s") else {}),
+                     "interval_s": median_interval(m["steps_s"]),
                      "measured_exposed_p2p_s": m["exposed_p2p_s"], "predicted_exposed_p2p_s": pred.exposed_comm_s["p2p"],
                      "measured_exposed_allreduce_s": m["exposed_allreduce_s"],
                      "predicted_exposed_allreduce_s": pred.exposed_comm_s["allreduce"] + pred.exposed_comm_s["sparse"]})
     return rows
-
-
-# Other models of the shared cores, predicted beside the shipped one from the same
-# calibration (stop 46): in every matrix the ranks' computation took 0.95-1.13x its work
-# alone in thread CPU where the contention curve, four copies of the whole model, charges
-# 1.07-1.15x; these say what charging the job's own figure would predict. In stop 46's
-# matrix neither beat the shipped curve (25 and 29 of 32 within 5%, against its 29), nor in
-# stop 47's (23 and 19, against 29). Calibrations since then measure the first only where
-# ranks sit one a node (4x1); the other layouts' cells show none.
-ALTERNATIVES = {
-    "job_cpu": "computation at the short run's own CPU per work (the cores' time-slicing free)",
-    "thread_curve": "the contention curve from the probe's computing threads' CPU",
-}
-
-
-def alternatives(cal: Calibration, cores: int | None, layout: str) -> dict[str, Calibration]:
-    """`cal` under each of ALTERNATIVES that it measured for `layout` ("NxR"; files from
-    before stop 46 have none)."""
-    if not cores or not cal.cpu_throughput:
-        return {}
-    out = {}
-    if cal.job_cpu_per_work.get(layout, 0) > 0:
-        out["job_cpu"] = replace(cal, cpu_throughput=[min(k, cores) / cal.job_cpu_per_work[layout]
-                                                      for k in range(1, len(cal.cpu_throughput) + 1)])
-    if cal.cpu_throughput_thread:
-        out["thread_curve"] = replace(cal, cpu_throughput=list(cal.cpu_throughput_thread))
-    return out
 
 
 def median_interval(rounds: list[list[float]], draws: int = 2000, seed: int = 0) -> list[float]:
@@ -241,17 +226,15 @@ def cell_job(cell: dict) -> TrainConfig:
                                             "seq_len", "steps", "partition", "rank_order", "seed", "optimizer")})
 
 
-def at_host_speed(cal: Calibration, seconds: float, contention: dict | None = None) -> tuple[Calibration, float]:
+def at_host_speed(cal: Calibration, seconds: float, contention: dict) -> tuple[Calibration, float]:
     """`cal` as the host was at the cell: every layer's time scaled so that one
     micro-batch's forward and backward takes `seconds` (the calibration's compute measured
     again, alone and the same way, before and after the cell: their mean), and the shared
-    cores' contention curve and spread measured again after it where the cell has them
-    (files from before stop 33 do not); and the compute's ratio to the calibration's."""
+    cores' contention curve and spread measured again after it, counted in the re-measured
+    iteration; and the compute's ratio to the calibration's."""
     scale = seconds / cal.iteration_s
-    if contention:  # in units of the re-measured iteration (files before stop 47: of the reading's own best)
-        curve = contention["throughput"]
-        cal = replace(cal, cpu_throughput=in_unit(curve, contention["unit_s"], seconds) if "unit_s" in contention
-                      else list(curve), compute_spread=list(contention["spread"]))
+    cal = replace(cal, cpu_throughput=in_unit(contention["throughput"], contention["unit_s"], seconds),
+                  compute_spread=list(contention["spread"]))
     return replace(cal, forward_s=[t * scale for t in cal.forward_s],
                    backward_s=[t * scale for t in cal.backward_s]), scale
 
@@ -270,32 +253,25 @@ def markdown(payload: dict, where: Path) -> str:
     for cell in payload["cells"]:
         for r in cell["results"]:
             errors.append(abs(r["error"]))
-            folded.append(abs(r.get("folded_error", r["error"])))
-            host = run = "-"
-            if "host_compute_error" in r:
-                at_host.append(abs(r["host_compute_error"]))
-                host = f"{100 * r['host_compute_error']:+.1f}% ({r['host_compute']:.2f}x)"
-            if r.get("predicted_cpu_s"):
-                sim_cpu, ran = sum(r["predicted_cpu_s"].values()), r.get("measured_cpu_s")
-                run = f"{'-' if ran is None else f'{ran:.2f}'} / {sim_cpu:.2f}"
-                if ran is not None:
-                    cpu_ratio.append(sim_cpu / ran)
+            folded.append(abs(r["folded_error"]))
+            at_host.append(abs(r["host_compute_error"]))
+            host = f"{100 * r['host_compute_error']:+.1f}% ({r['host_compute']:.2f}x)"
+            run = "-"
+            if r["predicted_cpu_s"]:  # none where the ranks do not share cores
+                sim_cpu, ran = sum(r["predicted_cpu_s"].values()), r["measured_cpu_s"]
+                run = f"{ran:.2f} / {sim_cpu:.2f}"
+                cpu_ratio.append(sim_cpu / ran)
             if "measured_wakeups_hz" in r:
                 woke.setdefault(r["policy"], []).append(r["measured_wakeups_hz"])
-            interval = f" [{r['interval_s'][0]:.3f}-{r['interval_s'][1]:.3f}]" if "interval_s" in r else ""
+            interval = f" [{r['interval_s'][0]:.3f}-{r['interval_s'][1]:.3f}]"
             lines.append(f"| {cell['name']} | {r['policy']} | {r['measured_s']:.3f}{interval} | "
                          f"{' '.join(f'{x:.3f}' for x in r['rounds_s'])} | {r['predicted_s']:.3f} | "
-                         f"{100 * r['error']:+.1f}% | {100 * r.get('folded_error', r['error']):+.1f}% | {host} | {run} | "
+                         f"{100 * r['error']:+.1f}% | {100 * r['folded_error']:+.1f}% | {host} | {run} | "
                          f"{r['measured_exposed_p2p_s']:.3f} / "
                          f"{r['predicted_exposed_p2p_s']:.3f} | {r['measured_exposed_allreduce_s']:.3f} / "
                          f"{r['predicted_exposed_allreduce_s']:.3f} |")
     lines += ["", summary(errors), misses(payload), f"With the replicas folded into one per stage: {summary(folded)}"]
-    if at_host:
-        lines.append(f"With the host re-measured at each cell: {summary(at_host)}")
-    for name, what in ALTERNATIVES.items():
-        got = [abs(r[f"{name}_error"]) for c in payload["cells"] for r in c["results"] if f"{name}_error" in r]
-        if got:
-            lines.append(f"With {what}: {summary(got)}")
+    lines.append(f"With the host re-measured at each cell: {summary(at_host)}")
     if cpu_ratio:
         cpu_ratio.sort()
         lines.append(f"The simulated CPU per step over the measured (every thread of every rank): median "
@@ -303,44 +279,24 @@ def markdown(payload: dict, where: Path) -> str:
     if woke:
         lines.append("A rank's other threads (its communication) woke (per second, the ranks' mean, over the cells): " + "; ".join(
             f"{p} {min(v):.0f}-{max(v):.0f}" for p, v in woke.items()) + " (the calibrations' job: below)")
-    return "\n".join(lines + miss_reasons(payload, where) + alternative_rows(payload)
+    return "\n".join(lines + miss_reasons(payload, where)
                      + ["", calibrations(payload, where)] + host_speed(payload, where))
-
-
-def alternative_rows(payload: dict) -> list[str]:
-    """Each cell's errors under each of ALTERNATIVES, in policy order, where it has them."""
-    names = [n for n in ALTERNATIVES if any(f"{n}_error" in r for c in payload["cells"] for r in c["results"])]
-    if not names:
-        return []
-    lines = ["", "| cell | " + " | ".join(f"error, {ALTERNATIVES[n]} ({', '.join(POLICIES)})" for n in names) + " |",
-             "|---|" + "---|" * len(names)]
-    for c in payload["cells"]:
-        lines.append(f"| {c['name']} | " + " | ".join(
-            " ".join(f"{100 * r[f'{n}_error']:+.1f}%" if f"{n}_error" in r else "-" for r in c["results"])
-            for n in names) + " |")
-    return lines
 
 
 def host_speed(payload: dict, where: Path) -> list[str]:
     """One micro-batch's compute before and after each cell, against its calibration's: a
     cell measured while the host ran slower than at calibration is predicted too fast. And
-    the host's memory copying speed the same way (files from before stop 38 lack it)."""
-    cells = [c for c in payload["cells"] if "compute_s" in c]  # (files from before stop 27 lack it)
-    if not cells:
-        return []
-    copying = any("copy_bytes_per_s" in c for c in cells)
-    lines = ["", "| cell | compute per micro-batch at calibration / before / after the cell (s) |"
-             + (" one thread's memory copy at calibration (its draws' median) / before / after (GB/s) |" if copying else ""),
-             "|---|---|" + ("---|" if copying else "")]
-    for c in cells:
+    the host's memory copying speed the same way."""
+    lines = ["", "| cell | compute per micro-batch at calibration / before / after the cell (s) "
+             "| one thread's memory copy at calibration (its timings' median) / before / after (GB/s) |",
+             "|---|---|---|"]
+    for c in payload["cells"]:
         cal = load_calibration(where / c["calibration"])
         before, after = c["compute_s"]
-        row = f"| {c['name']} | {cal.iteration_s:.3f} / {before:.3f} / {after:.3f} |"
-        if copying:
-            at = f"{statistics.median(cal.copy_draws_bytes_per_s) / 1e9:.1f}" if cal.copy_draws_bytes_per_s else "-"
-            got = c.get("copy_bytes_per_s")
-            row += f" {at} / {got[0] / 1e9:.1f} / {got[1] / 1e9:.1f} |" if got else " - |"
-        lines.append(row)
+        copied = c["copy_bytes_per_s"]
+        lines.append(f"| {c['name']} | {cal.iteration_s:.3f} / {before:.3f} / {after:.3f} | "
+                     f"{statistics.median(cal.copy_draws_bytes_per_s) / 1e9:.1f} / {copied[0] / 1e9:.1f} / "
+                     f"{copied[1] / 1e9:.1f} |")
     return lines
 
 
@@ -361,10 +317,9 @@ def misses(payload: dict) -> str:
     under = sum(r["error"] < 0 for c in payload["cells"] for r in c["results"])
     line = (f"Of the {len(rows)} misses, {len(covered)} lie within their rounds' range ({', '.join(covered) or 'none'}); "
             f"{under} of {sum(len(c['results']) for c in payload['cells'])} predictions are under.")
-    if all("interval_s" in r for _, r in rows):  # (files from before stop 40 keep no steps)
-        beyond = [f"{name} {r['policy']} ({100 * r['error']:+.1f}%)" for name, r in rows if not consistent(r)]
-        line += (f" {len(rows) - len(beyond)} of the misses are within {100 * TARGET:.0f}% of their measured median's 95% interval; "
-                 f"beyond it: {', '.join(beyond) or 'none'}.")
+    beyond = [f"{name} {r['policy']} ({100 * r['error']:+.1f}%)" for name, r in rows if not consistent(r)]
+    line += (f" {len(rows) - len(beyond)} of the misses are within {100 * TARGET:.0f}% of their measured median's 95% "
+             f"interval; beyond it: {', '.join(beyond) or 'none'}.")
     return line
 
 
@@ -374,19 +329,17 @@ def why_missed(cell: dict, r: dict, cal: Calibration) -> list[str]:
     the measurement's own interval, and the exposed time of each kind against the
     prediction's where that gap carries at least half the error, with its sign."""
     out, under = [], r["error"] < 0  # a host slower at the cell than at calibration is predicted under
-    if "host_compute_error" in r and abs(r["host_compute_error"]) <= TARGET:
+    if abs(r["host_compute_error"]) <= TARGET:
         out.append(f"the host moved: re-measured at the cell {100 * r['host_compute_error']:+.1f}%")
-    if "host_compute" in r and abs(r["host_compute"] - 1) > 0.03 and (r["host_compute"] > 1) == under:
+    if abs(r["host_compute"] - 1) > 0.03 and (r["host_compute"] > 1) == under:
         out.append(f"one rank's compute took {r['host_compute']:.2f}x its calibration's time at the cell")
-    after = cell.get("contention_after", {}).get("throughput")
-    if after and "unit_s" in cell["contention_after"]:  # in the calibration's unit (files before stop 47 are not)
-        after = in_unit(after, cell["contention_after"]["unit_s"], cal.iteration_s)
+    after = cell["contention_after"]  # in the calibration's unit, to compare
+    after = in_unit(after["throughput"], after["unit_s"], cal.iteration_s)
     if after and cal.cpu_throughput and abs(after[-1] / cal.cpu_throughput[-1] - 1) > TARGET \
             and (after[-1] < cal.cpu_throughput[-1]) == under:
         out.append(f"{len(after)} ranks on the shared cores did {after[-1]:.2f} after the cell, "
                    f"{cal.cpu_throughput[-1]:.2f} at calibration")
-    rounds = [(in_unit(x["cpu_throughput"], x["unit_s"], cal.iteration_s) if "unit_s" in x else x["cpu_throughput"])[-1]
-              for x in cal.probe_rounds if x.get("cpu_throughput")]
+    rounds = [in_unit(x["cpu_throughput"], x["unit_s"], cal.iteration_s)[-1] for x in cal.probe_rounds]
     if len(rounds) > 1 and (max(rounds) - min(rounds)) > 2 * TARGET * statistics.median(rounds):
         out.append(f"the calibration's rounds read the {len(after or cal.cpu_throughput)}-rank point "
                    f"{min(rounds):.2f}-{max(rounds):.2f}")
@@ -395,7 +348,7 @@ def why_missed(cell: dict, r: dict, cal: Calibration) -> list[str]:
         out.append(f"the host's cores were idle {100 * share['idle']:.0f}% and in interrupts "
                    f"{100 * share['irq']:.0f}% of the steady steps, where the simulation left "
                    f"{100 * idle:.0f}% to no rank")
-    if "interval_s" in r and consistent(r):
+    if consistent(r):
         out.append("within 5% of its measured median's 95% interval")
     gap = r["predicted_s"] - r["measured_s"]
     for kind, key in (("P2P", "p2p"), ("AllReduce", "allreduce")):
@@ -418,16 +371,15 @@ def miss_reasons(payload: dict, where: Path) -> list[str]:
 
 
 def calibrations(payload: dict, where: Path) -> str:
-    """What each rate's calibration measured. They were taken minutes apart on the same
+    """What each rate's calibration measured. They are taken minutes apart on the same
     host with the same model: their spread is the host's own drift, which no prediction
     from one of them can be closer than."""
     lines = ["| calibration | forward + backward per micro-batch (s) (its timings) | work done by 1..k ranks at once "
              "(x one rank's timed work) | an iteration's spread with 1..k at once | inter-node transfer CPU per message "
              "(ms) / per MB beside computation (ms): sent, all-reduced | loopback's per MB: sent, all-reduced (ms) "
              "| first of two activations' share of the uplink | queued ahead on a busy uplink (KiB) "
-             "| the job's wake-ups per rank per second, measured beside "
-             "| the short run's computation: CPU per work alone | the curve from its threads' CPU |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| the job's wake-ups per rank per second, measured beside |",
+             "|---|---|---|---|---|---|---|---|---|"]
 
     def per_mb(cost: dict) -> str:
         return " ".join(f"{1e9 * cost[k]:.2f}" for k in ("per_byte_s", "per_byte_collective_s") if k in cost) or "-"
@@ -442,18 +394,13 @@ def calibrations(payload: dict, where: Path) -> str:
                      f"{per_mb(cal.transfer_cpu.get('intra', {}))} | "
                      + (f"{cal.link_share['inter']:.2f} |" if "inter" in cal.link_share else "- |")
                      + (f" {cal.link_queue['inter'] / 1024:.0f} |" if "inter" in cal.link_queue else " - |")
-                     + (f" {cal.comm_wakeups_hz:.0f} |" if cal.comm_wakeups_hz else " - |")
-                     + (f" {', '.join(f'{k} {v:.3f}' for k, v in cal.job_cpu_per_work.items())} |"
-                        if cal.job_cpu_per_work else " - |")
-                     + (f" {' '.join(f'{x:.2f}' for x in cal.cpu_throughput_thread)} |"
-                        if cal.cpu_throughput_thread else " - |"))
+                     + (f" {cal.comm_wakeups_hz:.0f} |" if cal.comm_wakeups_hz else " - |"))
     return "\n".join(lines)
 
 
 def scatter(payload: dict, path: Path) -> None:
     """Predicted against measured step time, one marker per policy, with the ±5% band; a
-    bar through each marker spans its measured median's 95% interval, or where a file kept no
-    steps, its rounds' medians (the measurement's own spread)."""
+    bar through each marker spans its measured median's 95% interval."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -466,7 +413,7 @@ def scatter(payload: dict, path: Path) -> None:
         rows = [r for c in payload["cells"] for r in c["results"] if r["policy"] == p]
         if rows:
             x, y = [r["measured_s"] for r in rows], [r["predicted_s"] for r in rows]
-            span = [r.get("interval_s") or [min(r["rounds_s"]), max(r["rounds_s"])] for r in rows]
+            span = [r["interval_s"] for r in rows]
             spread = [[max(m - lo, 0.0) for m, (lo, _) in zip(x, span)], [max(hi - m, 0.0) for m, (_, hi) in zip(x, span)]]
             ax.errorbar(x, y, xerr=spread, fmt=marks[p], label=p, ms=5, elinewidth=0.8, alpha=0.85)
             top = max(top, *y, *(hi for _, hi in span))

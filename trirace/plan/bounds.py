@@ -30,7 +30,7 @@ def steady_steps(steps: int, warmup: int = WARMUP_STEPS) -> range:
     """The steps a step time is measured over, where the bound holds step by step: neither
     the fill nor the drain (a drain step on shared cores can take a tenth of a steady one).
     Short runs keep what they can: at least the last step. `warmup`: the first steps left
-    out (a fresh job's short run leaves out more: runtime/calibrate.py)."""
+    out (a fresh job's short run leaves out more: calibrate/testbed_contention.py)."""
     first = min(warmup, steps - 1)
     return range(first, max(first + 1, steps - DRAIN_STEPS))
 

@@ -1,6 +1,6 @@
 """Layers -> contiguous pipeline stages, balanced by a per-layer cost.
 
-The cost is measured time (see `runtime.profile`) or parameter count; either way the
+The cost is measured time (see `runtime.layer_timing`) or parameter count; either way the
 split minimises the cost of the heaviest stage, since the slowest stage sets the pace
 of the whole pipeline.
 """

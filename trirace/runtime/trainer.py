@@ -30,8 +30,8 @@ from .engine import Engine, StepRecord
 from .evaluate import Evaluator
 from .groups import Groups, control_communicator, make_groups
 from .hf_export import export_hf
+from .layer_timing import profile_layers
 from .link_probe import detect_topology, probe_links
-from .profile import profile_layers
 from .stage import StageModel
 from .step_metrics import StepMetrics
 

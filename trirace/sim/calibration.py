@@ -1,79 +1,66 @@
 """A calibration file: what `trirace profile` measured where it ran, for the simulator.
 
-JSON, so it can be read, diffed and edited:
+JSON, so it can be read, diffed and edited. "version" names the format; a file of
+another version is refused (run trirace profile again). Fields:
   model, micro_batch_size, seq_len   the shapes it was measured at (checked on use)
-  threads                            intra-op threads per process during the measurement
+  threads, device                    intra-op threads per process, and the device the layers ran on
   forward_s, backward_s              per layer, one micro-batch (fastest of a few whole-model passes;
-                                     the median over draws spread across the profile)
-  compute_draws_s                    each draw's forward + backward, for the record (the host drifts)
-  copy_draws_bytes_per_s             beside each draw, bytes per second one process copies a
+                                     the median over timings spread across the profile)
+  compute_draws_s                    each timing's forward + backward, for the record (the host drifts)
+  copy_draws_bytes_per_s             beside each timing, bytes per second one process copies a
                                      64 MiB buffer (the host's memory bandwidth), for the record
-  optimizer_s_per_param              OPT per parameter, as the runtime runs it: the optimizer's
-                                     step on a real step's gradients (files before stop 44:
-                                     on all-zero gradients, ~1.2x), publishing, zeroing
+  optimizer_s_per_param              the optimizer phase per parameter, as the runtime runs it: the
+                                     optimizer's step on a real step's gradients, publishing, zeroing
   cluster                            the cluster preset it describes (it applies to no other)
   links                              {"intra"|"inter": {"bits_per_s", "latency_s"}} measured
   rows_touched                       {tokens per replica step: token-table rows touched}, the
                                      largest over replicas, measured on the training data
                                      (it sets the sparse exchange's size)
-  cpu_throughput                     where ranks share the host's cores: [k-1] = work-seconds
-                                     done per second by k workers computing at once, in
-                                     units of forward_s + backward_s summed (ideal: min(k,
-                                     cores); the simulator never gives more). Files before
-                                     stop 47: in units of the probe's one worker alone
-  cpu_throughput_thread              the same readings, had the cores gone to the computing
-                                     threads alone at the CPU each iteration took (their
-                                     thread CPU): what k processes lose in CPU per iteration,
-                                     not in wall beyond it (empty: not measured, older files)
-  job_cpu_per_work                   {"NxR": x}: in a short run of the job on N nodes of R ranks
-                                     (one rank a node across a link, one node on loopback: the
-                                     run that counts comm_wakeups_hz; files of stops 46-47 hold
-                                     every layout the testbed could give the job), the ranks'
-                                     computation's CPU per step over that step's work alone,
-                                     timed just before and after the run: what computing costs
-                                     the job's own ranks on these cores (empty: not measured)
-  compute_spread                     beside it: [k-1] = coefficient of variation of one
-                                     iteration's time among those k workers
-  transfer_cpu                       {"intra"|"inter": {"per_message_s", "per_byte_s"}}: CPU
-                                     seconds a transfer costs both ends together (gloo's
-                                     threads and the kernel's network stack); per byte as
-                                     computation beside it loses it on the shared cores
-                                     (caches, wake-ups: 1.3-7x the idle cost, kept as
-                                     "per_byte_idle_s"; older files have only the idle one);
-                                     "per_byte_collective_s" the same for all-reduce chunks
-                                     (with the summing; absent: as per_byte_s)
-  send_buffer                        {"intra"|"inter": bytes}: what a blocking send may still
-                                     have to move when it returns (socket buffer and link
-                                     queue take them), measured with a large send
-  link_share                         {"inter": s}: two activations leaving a node together,
-                                     the first to finish had s of the link while both moved
-                                     (0.5: fair; TCP through the testbed's shaper is not)
-  link_queue                         {"inter": bytes}: what another transfer keeps queued ahead
-                                     on a node's shaped uplink: a small all-reduce's time
-                                     beside activations leaving, less its time alone, at the
-                                     link's rate (absent: the link shared at once)
-  comm_wakeups_hz                    wake-ups per second of a rank's communication threads in a
-                                     short run of the job; cpu_throughput and transfer_cpu's
-                                     per_byte_s were measured beside a thread waking as often
-                                     in each process (0: without one; older files)
-  probe_rounds                       each round of those probes, spread over the profile
-                                     ({"cpu_throughput", "compute_spread", "transfer_cpu":
-                                     {link: {"per_byte_s", "per_byte_collective_s"}},
-                                     "transfer_windows": {link: {kind: {"per_window",
-                                     "work_per_s"}}}, "unit_s": the reading's one worker's
-                                     fastest iteration alone, the unit its curves count in}):
-                                     cpu_throughput (each round's in the file's unit first),
-                                     compute_spread and those
-                                     two per-byte figures are the rounds' medians (a round's
-                                     per-byte figure: the median of its busy windows'; the
-                                     work done per second in each window, quiet and busy,
-                                     kept); kept for the record, with "refused": the contention
-                                     reading a round measured again, and why (calibrate.refusal)
   sparse_local_s                     seconds one replica's exchange of the token table's gradient
                                      spends on its own memory (scanning the whole table for the
                                      touched rows, zeroing it, adding the replicas' rows), alone,
                                      for this model's table and rows_touched, with at least
-                                     two replicas' rows; 0: not measured (older files)
+                                     two replicas' rows; 0: not measured
+  send_buffer                        {"inter": bytes}: what a blocking send may still have to move
+                                     when it returns (socket buffer and link queue take them),
+                                     measured with a large send; empty: a send returns on delivery
+  link_share                         {"inter": s}: two activations leaving a node together, the
+                                     first to finish had s of the link while both moved (0.5:
+                                     fair; TCP through the testbed's shaper is not); empty: fair
+  link_queue                         {"inter": bytes}: what another transfer keeps queued ahead
+                                     on a node's shaped uplink: a small all-reduce's time beside
+                                     activations leaving, less its time alone, at the link's
+                                     rate; empty: the link is shared at once
+The testbed's shared cores (`trirace profile --contention`; empty or 0 without it, and the
+simulator then takes the cores as ideal and transfers as free of CPU):
+  cpu_throughput                     [k-1] = work-seconds done per second by k ranks computing at
+                                     once, in units of forward_s + backward_s summed (ideal:
+                                     min(k, cores); the simulator never gives more)
+  compute_spread                     beside it: [k-1] = coefficient of variation of one
+                                     iteration's time among those k ranks
+  transfer_cpu                       {"intra"|"inter": {"per_message_s", "per_byte_s"}}: CPU
+                                     seconds a transfer costs both ends together (gloo's
+                                     threads and the kernel's network stack); per byte as
+                                     computation beside it loses it on the shared cores
+                                     (caches, wake-ups; the idle cost is kept as
+                                     "per_byte_idle_s"); "per_byte_collective_s" the same for
+                                     all-reduce chunks (with the summing; absent where the job
+                                     has no replicas: as per_byte_s)
+  comm_wakeups_hz                    wake-ups per second of a rank's communication threads in a
+                                     short run of the job; cpu_throughput and transfer_cpu's
+                                     per-byte costs are measured beside a thread waking as often
+                                     in each process
+  probe_rounds                       each round of those probes, spread over the profile, for
+                                     the record: {"cpu_throughput", "compute_spread", "unit_s"
+                                     (the reading's one rank's fastest iteration alone, the unit
+                                     its curve counts in), "iteration_times", "transfer_cpu":
+                                     {link: {"per_byte_s", "per_byte_collective_s"}},
+                                     "transfer_windows": {link: {kind: {"per_window",
+                                     "work_per_s"}}}, "refused": a contention reading the round
+                                     measured again, and why}; cpu_throughput (each round's in
+                                     the file's unit first) and compute_spread are the rounds'
+                                     medians, the per-byte figures the median of every round's
+                                     busy windows
   host                               where it ran
 """
 
@@ -92,12 +79,7 @@ from ..errors import UsageError
 from ..models import ModelSpec
 from ..plan.topology import Link
 
-VERSION = 1
-
-
-def layout_key(nodes: int, ranks_per_node: int) -> str:
-    """The key `job_cpu_per_work` files a layout under: "NxR"."""
-    return f"{nodes}x{ranks_per_node}"
+VERSION = 2  # the file format: a reader refuses any other
 
 
 @dataclass(frozen=True)
@@ -121,11 +103,10 @@ class Calibration:
     compute_draws_s: list[float] = field(default_factory=list)
     copy_draws_bytes_per_s: list[float] = field(default_factory=list)
     comm_wakeups_hz: float = 0.0
-    cpu_throughput_thread: list[float] = field(default_factory=list)  # empty: not measured
-    job_cpu_per_work: dict[str, float] = field(default_factory=dict)  # "NxR" -> x; empty: not measured
     probe_rounds: list[dict[str, Any]] = field(default_factory=list)
-    sparse_local_s: float = 0.0  # 0: not measured (older files), the exchange costs only its bytes
+    sparse_local_s: float = 0.0  # 0: not measured, the exchange costs only its bytes
     host: str = ""
+    device: str = "cpu"
     version: int = VERSION
 
     @property
@@ -159,8 +140,11 @@ def load_calibration(path: str | Path) -> Calibration:
         raise UsageError(f"calibration file {p} does not exist (make one with trirace profile)") from None
     except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
         raise UsageError(f"calibration file {p}: not a trirace calibration ({e})") from None
-    if not isinstance(data, dict) or data.get("version") != VERSION:
-        raise UsageError(f"calibration file {p}: not a version-{VERSION} trirace calibration")
+    if not isinstance(data, dict) or "version" not in data:
+        raise UsageError(f"calibration file {p}: not a trirace calibration (no format version)")
+    if data["version"] != VERSION:
+        raise UsageError(f"calibration file {p}: calibration format version {data['version']!r}, this trirace "
+                         f"reads version {VERSION}: run trirace profile again")
     try:  # pydantic checks every field's type, nested ones included, against the dataclass
         cal = TypeAdapter(Calibration).validate_python(data, strict=False)
     except ValidationError as e:
@@ -175,10 +159,9 @@ def load_calibration(path: str | Path) -> Calibration:
     costs += list(cal.link_queue.values())
     if not all(math.isfinite(x) and 0.5 <= x <= 1 for x in cal.link_share.values()):
         raise UsageError(f"calibration file {p}: link_share must be between 0.5 and 1")
-    if not all(math.isfinite(x) and x > 0 for x in cal.cpu_throughput + cal.cpu_throughput_thread) or \
+    if not all(math.isfinite(x) and x > 0 for x in cal.cpu_throughput) or \
             not all(math.isfinite(x) and x >= 0 for x in costs + cal.compute_spread
-                    + [cal.comm_wakeups_hz, cal.sparse_local_s, *cal.job_cpu_per_work.values()]):
-        raise UsageError(f"calibration file {p}: cpu_throughput and cpu_throughput_thread must be positive, "
-                         "transfer_cpu, send_buffer, link_queue, compute_spread, comm_wakeups_hz, sparse_local_s "
-                         "and job_cpu_per_work non-negative")
+                    + [cal.comm_wakeups_hz, cal.sparse_local_s]):
+        raise UsageError(f"calibration file {p}: cpu_throughput must be positive, transfer_cpu, send_buffer, "
+                         "link_queue, compute_spread, comm_wakeups_hz and sparse_local_s non-negative")
     return cal

@@ -22,12 +22,12 @@ Max-min sharing on the folded problem gives every copy of a class the rate of th
 slowest copy, which is what lockstep replicas see. The assumption: replicas are
 symmetric and in lockstep. On cores that ranks share they are not: the OS hands the cores
 out unevenly, and under 2bw's asynchronous all-reduce a replica may run up to a step
-ahead, which it does (0.4-1.0 s on the testbed). Two replicas on one node then mostly take
-turns on the uplink where the fold has them collide, and share the cores at other moments
-(docs/bench/sim-accuracy/lockstep.md). So the fabric can also be *unfolded*: a class per
-replica for computation, P2P and the tied reduction (a collective stays one class, all its
-members' copies), and the executor runs every rank. Unfolded without noise, the result
-equals the fold's exactly (tests/test_sim_fidelity.py).
+ahead, and on the testbed it does. Two replicas on one node then mostly take turns on the
+uplink where the fold has them collide, and share the cores at other moments. So the
+fabric can also be *unfolded*: a class per replica for computation, P2P and the tied
+reduction (a collective stays one class, all its members' copies), and the executor runs
+every rank. Unfolded without noise, the result equals the fold's exactly (a test holds it
+to that).
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ Two things that cost step time there are not per-layer compute:
   simulated run cannot beat the lower bound that assumes ideal cores.
 - A transfer costs CPU at both ends (gloo's threads, the kernel's network stack): a fixed
   cost per message and a cost per byte, measured per link class by the same profile, the
-  byte's cost as the work computation loses beside it (its caches and cores taken: 1.3-7x
-  what the transfer alone uses on the testbed), for P2P messages and for all-reduce chunks
-  (which also sum what they receive) apart. Computation shares the cores with it, so it
+  byte's cost as the work computation loses beside it (its caches and cores taken: several
+  times what the transfer alone uses), for P2P messages and for all-reduce chunks (which
+  also sum what they receive) apart. Computation shares the cores with it, so it
   slows while communication runs.
 Without a calibration the curve is ideal and transfers cost no CPU.
 """
@@ -44,7 +44,7 @@ class HostCpu:
 
     def byte_cost(self, link_class: str, collective: bool) -> float:
         """CPU seconds a byte sent costs on `link_class`; a collective's as a message's where
-        it was not measured apart (files from before stop 31, jobs without replicas)."""
+        it was not measured apart (a profiled job without replicas has no all-reduce groups)."""
         if collective and link_class in self.per_byte_collective_s:
             return self.per_byte_collective_s[link_class]
         return self.per_byte_s.get(link_class, 0.0)

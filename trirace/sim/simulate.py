@@ -196,8 +196,9 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     # Each run's mean over whole pairs of them (its throughput there), and the median over
     # noisy runs. Not the median step, as the bench reports measured runs: steps are not
     # barriers, and under 2bw's one-step delay a policy that defers work alternates long and
-    # short steps (around a link bound, one step above it and the next below). The median step, or the mean of an odd count, can then beat the bound that
-    # the run's throughput obeys; an even count of steps holds whole pairs. Exposed time and
+    # short steps (trirace on a slow link defers a reduction every other step). The median
+    # step, or the mean of an odd count, can then beat the bound that the run's throughput
+    # obeys; an even count of steps holds whole pairs. Exposed time and
     # CPU per step are taken over the same steps, so they describe the step time beside them.
     pairs = range(kept.start + len(kept) % 2, kept.stop) if len(kept) > 1 else kept
     it = statistics.median(statistics.fmean(step_times(sim)[t] for t in pairs) for sim in sims)
