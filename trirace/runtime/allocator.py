@@ -60,6 +60,6 @@ def release() -> None:
     """Hand the heap's free pages back to the kernel now (glibc's malloc_trim), where a
     process has just freed a large object it will not allocate again in that shape: these
     settings keep them otherwise, and fragmentation can make them unusable for the next
-    large request (rank 0's per-layer timing, runtime/profile.py)."""
+    large request (rank 0's per-layer timing, runtime/layer_timing.py)."""
     if platform.libc_ver()[0] == "glibc":
         ctypes.CDLL(None).malloc_trim(0)
