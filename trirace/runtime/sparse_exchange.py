@@ -160,9 +160,8 @@ def _sum_rows(out: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor]])
 def local_passes(grad: torch.Tensor, out: torch.Tensor, n: int) -> None:
     """An exchange's work on a rank's own memory, without its collectives: find the touched
     rows of `grad`, then zero `out` and add `n` sources' rows, as the allgather method does
-    (here all `n` are this rank's). `trirace profile` times it: on shared cores the passes
-    over a whole [V, d] table are a step's cost the bytes do not show (trirace profile times
-    them: calibrate/layers.py)."""
+    (here all `n` are this rank's). `trirace profile` times it (calibrate/layers.py): on
+    shared cores the passes over a whole [V, d] table are a step's cost the bytes do not show."""
     idx, vals = touched_rows(grad)
     _sum_rows(out, [(idx, vals)] * n)
 
