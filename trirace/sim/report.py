@@ -119,7 +119,7 @@ def sweep(cfg: TrainConfig, cluster: Cluster, policies: tuple[str, ...], cal: Ca
     leaders = [] if given else [r for r in rows if r["policy"] != "blocking"][:CHUNK_SWEEP_TOP]
     runs = [(lead, part, credit) for lead in leaders for part, credit in chunk_choices(lead["policy"])[1:]]
     for lead, part, credit in tqdm(runs, desc="chunk sizes", unit="job", leave=False):
-        job = next(j for j in jobs if (j.pp, j.dp) == (lead["pp"], lead["dp"]))
+        job = next(j for j in jobs if (j.parallel.pp, j.parallel.dp) == (lead["pp"], lead["dp"]))
         r = simulate(job.with_(partition_mb=part, credit_mb=credit), cluster, lead["policy"], cal)
         rows.append(row(job, lead["policy"], credit, r))
     rank(rows)
