@@ -170,6 +170,10 @@ class TrainConfig(BaseModel):
         for name, pair in (("straggler", self.straggler), ("kill", self.kill)):
             if pair is not None and not 0 <= pair[0] < self.world_size:
                 raise ValueError(f"{name} rank {pair[0]} is outside the {self.world_size} ranks")
+        if self.kill is not None and not 0 <= self.kill[1] < self.steps:  # else it never fires
+            raise ValueError(f"kill step {self.kill[1]} is outside the job's steps 0..{self.steps - 1}")
+        if self.straggler is not None and not 0 <= self.straggler[1] <= 86400:  # what a rank can sleep
+            raise ValueError(f"straggler seconds {self.straggler[1]:g} must be between 0 and 86400 (a day)")
         if self.rank_order != "auto":
             try:
                 Layout(self.pp, self.dp, self.rank_order)  # a block size must divide its axis

@@ -40,6 +40,11 @@ def _bad(capsys, tmp_path, *argv):
     (["--no-such-flag"], "unrecognized arguments"),
     (["--straggler", "fast"], "expected RANK:VALUE"),
     (["--kill", "9:1"], "kill rank 9 is outside"),
+    (["--kill=1:-3"], "kill step -3 is outside the job's steps 0..39"),  # it never fired: exit 0
+    (["--kill", "1:40"], "kill step 40 is outside the job's steps 0..39"),
+    (["--straggler=1:-0.5"], "straggler seconds -0.5 must be between 0 and 86400"),  # ended in a rank
+    (["--straggler", "0:1e30"], "straggler seconds 1e+30 must be between 0 and 86400"),
+    (["--straggler", "0:inf"], "straggler.1: Input should be a finite number"),
     (["--resume"], "resume needs checkpoint_dir"),
     (["--topology", "/no/such/topology.yaml"], "topology file not found"),
     (["--autotune", "--comm-policy", "blocking"], "blocking policy has none"),
@@ -53,6 +58,13 @@ def _bad(capsys, tmp_path, *argv):
 ])
 def test_bad_flags(capsys, tmp_path, argv, needle):
     assert needle in _bad(capsys, tmp_path, *argv)
+
+
+def test_fault_flags_at_their_edges_are_accepted(capsys):
+    """A kill at the first and the last step, a straggler of no time and of a day."""
+    for argv in (["--kill", "1:0"], ["--kill", "3:39"], ["--straggler", "0:0"], ["--straggler", "3:86400"]):
+        assert main(["train", *QUICK, *argv, "--dry-run"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
 
 
 def test_empty_data_dir(capsys, tmp_path):
