@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,39 @@ def make_grad(case: str, rank: int) -> torch.Tensor:
 
 def touched(grad: torch.Tensor) -> int:
     return grad.coalesce().indices().shape[1] if grad.is_sparse else int(grad.ne(0).any(1).sum())
+
+
+def _worker(rank: int, store_path: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from trirace.runtime.sparse_exchange import exchange
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(store_path, WORLD)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=60))
+    results: dict = {}
+    try:
+        groups = {members: (None if len(members) == WORLD else dist.new_group(list(members)))
+                  for members in {c[5] for c in CASES.values()}}  # every rank creates every group
+        for case, (*_, members) in CASES.items():
+            if rank not in members:
+                continue
+            grad = make_grad(case, rank)
+            before = grad.to_dense().clone()
+            for method in ALL:
+                res, stats = exchange(grad, groups[members], method)
+                assert torch.equal(grad.to_dense(), before), f"{case}/{method} modified its input"
+                results[(case, method)] = (res, stats)
+                # Into a dirty buffer, and in place over a dense gradient: the same bits.
+                buf = torch.full_like(before, 7.0)
+                ok = exchange(grad, groups[members], method, out=buf)[0] is buf and torch.equal(buf, res)
+                if not grad.is_sparse:
+                    mine = grad.clone()
+                    ok &= torch.equal(exchange(mine, groups[members], method, out=mine)[0], res)
+                results[(case, method, "out")] = ok
+    finally:
+        dist.destroy_process_group()
+    torch.save(results, out)
 
 
 @pytest.fixture(scope="module")
