@@ -156,7 +156,7 @@ print(json.dumps([before, _peak_rss_mb()]))
 """
 
 
-def test_a_run_reports_its_own_peak_memory_not_an_earlier_runs():
+def test_peak_memory_is_each_runs_own():
     """Workers run several jobs one after another (run_local): each Trainer restarts the
     kernel's high-water mark, so a later job does not report a transient peak of an earlier
     one. Checked in a fresh process on glibc's defaults (this one may have taken the ranks'

@@ -120,7 +120,7 @@ def test_binary_input_file_is_one_line(capsys, tmp_path, what):
     assert str(f) in _one_line_error(capsys, argv)
 
 
-def test_a_sweep_that_cannot_run_fails_before_its_progress_bar(capsys):
+def test_impossible_sweep_is_one_line(capsys):
     """Found by the fuzzer: the error came after the sweep's progress bar, three lines in all."""
     assert "1 x 1 = 1 devices but pp x dp = 4" in _one_line_error(capsys, ["simulate", "--sweep", "--nodes", "1"])
 
