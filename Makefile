@@ -20,8 +20,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/trirace train
 
+# --durations: the output ends with the slowest tests. `pytest -m "not integration"` runs
+# the pure tier (tests/unit/) alone.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 clean:
 	rm -rf $(VENV) .pytest_cache

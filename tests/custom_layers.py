@@ -1,4 +1,4 @@
-"""A model of the user's own, for tests/test_custom_model.py: the README's example
+"""A model of the user's own, for tests/integration/test_custom_model.py: the README's example
 (examples/custom_block.py: its own embedding, a lower-triangular token-mixing block with a
 gated MLP, a head), imported as a module the way a user's package would be, plus a factory
 whose shapes do not chain and a loss of the user's. Workers find both files by the paths

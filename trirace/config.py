@@ -262,6 +262,11 @@ class TrainConfig(BaseModel):
         for name, pair in (("straggler", self.faults.straggler), ("kill", self.faults.kill)):
             if pair is not None and not 0 <= pair[0] < self.world_size:
                 raise ValueError(f"{name} rank {pair[0]} is outside the {self.world_size} ranks")
+        kill, straggler = self.faults.kill, self.faults.straggler
+        if kill is not None and not 0 <= kill[1] < self.steps:  # else it never fires
+            raise ValueError(f"kill step {kill[1]} is outside the job's steps 0..{self.steps - 1}")
+        if straggler is not None and not 0 <= straggler[1] <= 86400:  # what a rank can sleep
+            raise ValueError(f"straggler seconds {straggler[1]:g} must be between 0 and 86400 (a day)")
         if par.rank_order != "auto":
             try:
                 Layout(par.pp, par.dp, par.rank_order)  # a block size must divide its axis

@@ -52,3 +52,20 @@ def test_layers_are_timed_per_layer_on_the_jobs_device_and_rows_on_its_data():
     assert len(fwd) == len(bwd) == 7 and all(t > 0 for t in fwd + bwd) and opt > 0
     rows = rows_touched(cfg)
     assert 0 < rows <= min(cfg.spec.vocab_size, cfg.tokens_per_replica_step)
+
+
+def test_the_local_passes_profile_times_are_the_allgather_methods_own():
+    from trirace.calibrate.layers import sparse_local_s
+    from trirace.config import make_config
+    from trirace.runtime.sparse_exchange import local_passes
+
+    g = torch.zeros(50, 8)
+    g[[3, 9, 40]] = torch.randn(3, 8)
+    before = g.clone()
+    out = torch.full_like(g, 7.0)  # stale values: the passes zero it first
+    local_passes(g, out, 3)
+    assert torch.equal(out, 3 * g) and torch.equal(g, before)  # n sources' rows summed, grad untouched
+    cfg = make_config({"model": "gpt-test", "pp": 2, "dp": 2, "data": "synthetic"})
+    assert 0 < sparse_local_s(cfg, 300) < 1.0
+    # measured with two replicas' rows even for a job without replicas: a sweep prices other layouts from it
+    assert 0 < sparse_local_s(cfg.with_(dp=1), 300) < 1.0

@@ -7,7 +7,7 @@ What a rank of stage s holds at its peak:
 - weights: one fp32 copy per weight version (two under 2BW), and as many gradient buffers;
 - the optimizer: an fp32 master copy, plus Adam's two moments;
 - activations autograd keeps for backward, for each micro-batch in flight (counted on
-  the real layers with saved-tensor hooks, tests/test_memory_model.py): a GPT or BERT
+  the real layers with saved-tensor hooks, tests/unit/test_memory_model.py): a GPT or BERT
   block keeps 8*b*s*d + 2*b*s*d_ff values, a Llama block 8*b*s*d + 2*b*s*kv + 4*b*s*d_ff
   (fused attention keeps no b*h*s^2 scores), a norm its input and output, the token
   table only the ids, the head its input and the log-softmax. With recomputation a block

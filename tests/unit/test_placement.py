@@ -23,7 +23,7 @@ def _plan(topo=TWO_BY_TWO, **kw):
     return cfg, plan_job(cfg, topo)
 
 
-def test_a_flat_ring_crosses_nodes_on_two_edges_a_hierarchical_one_among_leaders():
+def test_ring_node_crossings_flat_and_hierarchical():
     """pp=1 x dp=4 on 2 nodes x 2: the ring 0-1-2-3 crosses at 1->2 and 3->0, each edge
     carrying 2(n-1)/n = 1.5 gradients; hierarchically only leaders 0 and 2 cross, each
     sending 2(k-1)/k = 1 gradient."""
@@ -61,7 +61,7 @@ def test_steady_steps_drop_fill_and_drain():
     assert list(steady_steps(14, warmup=4)) == list(range(4, 12)) and list(steady_steps(3, warmup=4)) == [2]
 
 
-def test_the_roce_case_that_auto_lost_by_2_4x():
+def test_auto_order_on_a_shared_roce_nic_is_not_pp_inner():
     """Issue 18: gpt2-xl, pp=8 x dp=16 on 16 nodes of 8 A100 with one 100 GbE NIC each.
     The yes/no heuristic chose pp-inner (1.03 s simulated); auto must be at least as fast as
     dp-inner (0.43 s), by itself."""

@@ -36,7 +36,7 @@ def test_a_slow_waker_stops_at_once():
     assert time.perf_counter() - t0 < 1.0 and w.wakeups == 0
 
 
-def test_the_host_s_core_time_is_split_by_kind_and_a_busy_thread_shows_as_user_time():
+def test_core_time_split_by_kind_counts_a_busy_thread_as_user():
     from trirace.runtime.hostcpu import KINDS, host_cpu_s, shares
 
     before = host_cpu_s()

@@ -26,7 +26,7 @@ from trirace.sim.simulate import ring, simulate
 
 
 def cli(*args: str) -> SimpleNamespace:
-    """The command in this process (a fresh interpreter per call costs seconds; test_cli.py
+    """The command in this process (a fresh interpreter per call costs seconds; integration/test_cli_runs.py
     runs the installed command in its own process)."""
     from trirace.cli import main
 
@@ -34,9 +34,6 @@ def cli(*args: str) -> SimpleNamespace:
     with redirect_stdout(out), redirect_stderr(err):
         code = main(list(args))
     return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
-
-
-# ------------------------------------------------------------------ network
 
 
 def test_one_link_two_equal_flows_share_it_and_finish_together():
@@ -81,9 +78,6 @@ def test_a_weighted_flow_counts_its_copies():
     assert net.rate("one") == pytest.approx(30.0)
 
 
-# ------------------------------------------------------------------ fabric (folding)
-
-
 def test_folding_counts_copies_per_physical_link():
     # pp=2, dp=4 on 2 nodes of 4, pp-inner: each node holds two pipelines, so two copies of
     # each P2P class cross a node's ports, and the stage-0 ring crosses both uplinks once.
@@ -96,9 +90,6 @@ def test_folding_counts_copies_per_physical_link():
     shared = Fabric(Layout(2, 2), Topology(4, 1, topo.intra, topo.inter), HostCpu(2))
     cpu = [(r, w) for r, w in shared.uses[("compute", 0)] if shared.net.names[r].startswith("cpu")]
     assert cpu == [(cpu[0][0], 2.0)]  # both replicas of the stage load the shared cores
-
-
-# ------------------------------------------------------------------ executor: analytic cases
 
 
 def _stage(fwd: float, bwd: list[float], numels: list[int], policy: str, collective=None, opt: float = 0.0):
@@ -253,9 +244,6 @@ def test_sparse_chunk_is_simulated_for_the_table(tmp_path):
         events = events["traceEvents"] if isinstance(events, dict) else events
         spans[m] = [e["name"] for e in events if e.get("ph") == "X" and e["name"].startswith("SP")]
     assert sorted(spans["allgather"]) == [f"SP{t}.5" for t in range(6)] and spans["dense"] == []
-
-
-# ------------------------------------------------------------------ the CLI
 
 
 def test_simulate_cli_json_has_every_policy(tmp_path):

@@ -11,11 +11,14 @@ import torch
 from trirace.data import (
     EOT_ID, IGNORE_INDEX, MASK_ID, STDLIB, BatchSampler, TokenStream, default_cache_dir,
     discover, load_tokenizer, load_tokens, synthetic_stream,
+
+
 )
 from trirace.data.corpus import stdlib_root
 from trirace.errors import DataError
 
 SMALL = 150_000  # bytes of stdlib: trains in well under a second
+
 VOCAB = 1024
 
 
@@ -39,8 +42,6 @@ def _one_line_error(source: str, match: str) -> None:
         discover(source)
     assert "\n" not in str(info.value)
 
-
-# --- discovery ---------------------------------------------------------------
 
 def test_discover_keeps_text_skips_binary_hidden_blank(tmp_path: Path) -> None:
     (tmp_path / "sub" / "deeper").mkdir(parents=True)
@@ -90,8 +91,6 @@ def test_stdlib_alias_is_sorted_filtered_and_budgeted() -> None:
     assert discover(STDLIB, max_bytes=300_000) == files
 
 
-# --- tokenizer ---------------------------------------------------------------
-
 def test_tokenizer_cache_hit_is_fast_and_identical(small_files: list[Path], tmp_path: Path) -> None:
     t0 = time.perf_counter()
     first = load_tokenizer(small_files, VOCAB, tmp_path)
@@ -127,8 +126,6 @@ def test_tokenizer_key_depends_on_vocab_and_content(tmp_path: Path) -> None:
     assert len(list((tmp_path / "c").glob("tokenizer-*.json"))) == 3
 
 
-# --- token streams -----------------------------------------------------------
-
 def test_real_stream_ids_and_cache(stream: TokenStream, small_files: list[Path], cache: Path) -> None:
     assert stream.ids.dtype == torch.int32 and stream.ids.dim() == 1
     assert 0 <= int(stream.ids.min()) and int(stream.ids.max()) < VOCAB
@@ -157,8 +154,6 @@ def test_default_cache_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     monkeypatch.delenv("TRIRACE_CACHE")
     assert default_cache_dir() == Path.home() / ".cache" / "trirace"
 
-
-# --- batches -----------------------------------------------------------------
 
 def test_micro_batch_shapes_and_shift(stream: TokenStream) -> None:
     x, y = BatchSampler(stream, 64, 3, seed=7).micro_batch(5, 1)
@@ -206,27 +201,3 @@ def test_corpus_shorter_than_window_raises() -> None:
     BatchSampler(tiny, 9, 1, seed=0).micro_batch(0, 0)  # exactly seq_len + 1 fits
     with pytest.raises(DataError, match="fewer than seq_len"):
         BatchSampler(tiny, 10, 1, seed=0)
-
-
-def test_concurrent_first_use_builds_once(tmp_path: Path) -> None:
-    """Processes racing on an empty cache all get the same ids, one entry each."""
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, hashlib; from trirace.data import load_tokens; "
-        f"s = load_tokens('stdlib', {VOCAB}, cache_dir=sys.argv[1], max_bytes={SMALL}); "
-        "print(hashlib.sha256(str(s.ids.tolist()).encode()).hexdigest())"
-    )
-    root = Path(__file__).resolve().parents[1]
-    procs = [
-        subprocess.Popen([sys.executable, "-W", "ignore", "-c", code, str(tmp_path)],
-                         cwd=root, stdout=subprocess.PIPE, text=True)
-        for _ in range(3)
-    ]
-    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
-    assert all(p.returncode == 0 for p in procs)
-    assert len(set(outs)) == 1 and outs[0]
-    assert len(list(tmp_path.glob("tokenizer-*.json"))) == 1
-    assert len(list(tmp_path.glob("tokens-*.pt"))) == 1
-    assert not list(tmp_path.glob(".*.tmp"))
