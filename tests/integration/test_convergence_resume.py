@@ -20,8 +20,12 @@ def test_resume_keeps_finished_runs_and_refuses_other_settings(tmp_path, capsys)
 
     saved = [{"optimizer": "adamw", "run": n, "seed": 0, "rows": _rows(v)}
              for n, v in (("2bw", [5.0, 4.4]), ("1f1b", [5.0, 4.0]))]
-    (tmp_path / "convergence.json").write_text(json.dumps(saved))  # the format before settings were kept
     argv = ["--steps", "4", "--eval-every", "2", "--optimizers", "adamw", "--runs", "1f1b,2bw", "--out", str(tmp_path)]
+    (tmp_path / "convergence.json").write_text(json.dumps(saved))  # a list, with no format: refused
+    assert main(argv + ["--resume"]) == 2
+    assert "has format None; this trirace reads format 1" in capsys.readouterr().err
+    (tmp_path / "convergence.json").write_text(json.dumps(
+        {"format": 1, "settings": {"steps": 4, "eval_every": 2, "lr": None}, "results": saved}))
     assert main(argv + ["--resume"]) == 0
     assert (tmp_path / "convergence.md").read_text().startswith("`python -m trirace.bench.convergence") and \
         "--resume`" in (tmp_path / "convergence.md").read_text()
