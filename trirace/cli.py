@@ -244,7 +244,8 @@ def _show_plan(cfg: TrainConfig, as_json: bool) -> int:
     from .plan.memory import GiB, estimate, host_budget, retained_factor
     from .plan.topology import load_topology, single_node
     from .runtime.checkpoint import resume_line, resume_point
-    from .runtime.launch import prepare, resolve_backend
+    from .runtime.device import resolve_backend
+    from .runtime.launch import prepare
     from .runtime.trainer import measure_layers
 
     cfg = prepare(cfg)  # what train does before spawning: paths and data checked, partition fixed

@@ -10,7 +10,7 @@ def test_backend_choice(capsys):
 
     from trirace.cli import main
     from trirace.errors import UsageError
-    from trirace.runtime.launch import resolve_backend
+    from trirace.runtime.device import resolve_backend
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     assert resolve_backend("auto", gpus + 1) == "gloo"

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from trirace.calibrate.layers import (copy_rate, job_device, layer_times, optimizer_time, rows_touched,
+from trirace.calibrate.layers import (copy_rate, layer_times, optimizer_time, rows_touched,
                                       step_gradients)
 from trirace.config import make_config
 from trirace.data.batches import batch_fn, sampler_for
+from trirace.runtime.device import job_device
 
 
 def test_the_memory_speed_is_read_by_one_thread_whatever_the_callers_count():

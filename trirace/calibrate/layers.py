@@ -16,19 +16,7 @@ from ..config import TrainConfig
 from ..models import ModelSpec, build_layers
 from ..models.build import loss_of
 from ..optim import make_optimizer, muon_matrices
-from ..runtime.launch import resolve_backend
 from ..data.batches import batch_fn, sampler_for
-
-
-def job_device(cfg: TrainConfig) -> torch.device:
-    """The device one rank of `cfg` computes on, as the profile stands for one of the job's
-    ranks on this host: a GPU where the job's ranks would run on NCCL here (runtime/launch.py's
-    rule: auto takes it with a GPU per rank), or wherever `--backend nccl` asks for it and
-    this host has a GPU (a job larger than one host, profiled on one of its GPUs); else the CPU."""
-    gpu = torch.device("cuda", 0)
-    if cfg.comm.backend == "nccl" and torch.cuda.is_available():
-        return gpu
-    return gpu if cfg.comm.backend == "auto" and resolve_backend("auto", cfg.world_size) == "nccl" else torch.device("cpu")
 
 
 def _sync(device: torch.device) -> None:

@@ -34,7 +34,8 @@ from ..runtime import allocator
 from ..sim.calibration import Calibration
 from ..sim.cluster import PRESETS
 from . import testbed_contention
-from .layers import copy_rate, job_device, layer_times, rows_touched, sparse_local_s
+from ..runtime.device import job_device
+from .layers import copy_rate, layer_times, rows_touched, sparse_local_s
 from .links import link_queue, link_share, probe_pair
 
 

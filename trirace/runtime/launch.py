@@ -27,6 +27,7 @@ from ..plan.memory import check_memory
 from ..plan.topology import load_topology
 from . import allocator, checkpoint, gloo
 from ..data.batches import sampler_for
+from .device import resolve_backend
 from .trainer import RankFailed, Trainer, plan_partition
 
 
@@ -36,18 +37,6 @@ class WorkerFailed(RuntimeError):
 
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def resolve_backend(requested: str, local_ranks: int) -> str:
-    """The backend a job runs on: nccl needs a CUDA device per local rank (two ranks cannot
-    share one GPU), gloo runs anywhere. auto takes nccl exactly when that holds."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if requested == "auto":
-        return "nccl" if gpus >= local_ranks else "gloo"
-    if requested == "nccl" and gpus < local_ranks:
-        raise UsageError(f"--backend nccl needs one CUDA device per rank: {local_ranks} rank(s) here but "
-                         f"{gpus} device(s) visible")
-    return requested
 
 
 def quit_now(status: int) -> typing.NoReturn:

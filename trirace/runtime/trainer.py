@@ -30,16 +30,19 @@ from .engine import Engine, StepRecord
 from .evaluate import Evaluator
 from .groups import Groups, control_communicator, make_groups
 from .hf_export import export_hf
+from .device import job_device
 from .layer_timing import profile_layers
 from .link_probe import detect_topology, probe_links
 from .stage import StageModel
 from .step_metrics import StepMetrics
 
 
-def measure_layers(cfg: TrainConfig, sampler: BatchSampler | None = None) -> list[float]:
-    """Seconds of forward + backward per layer, measured here on the job's first micro-batch."""
+def measure_layers(cfg: TrainConfig, sampler: BatchSampler | None = None,
+                   device: torch.device | None = None) -> list[float]:
+    """Seconds of forward + backward per layer, measured here on the job's first micro-batch,
+    on `device` (default: the one the job's ranks compute on)."""
     inputs, targets = batch_fn(cfg, sampler or sampler_for(cfg))(0, 0)
-    return profile_layers(cfg.spec, inputs, targets, cfg.seed)
+    return profile_layers(cfg.spec, inputs, targets, cfg.seed, device=device or job_device(cfg))
 
 
 def plan_partition(cfg: TrainConfig, sampler: BatchSampler | None = None) -> list[int]:
@@ -143,7 +146,7 @@ class Trainer:
         places = self.cfg.parallel.rank_order == "auto" and topology.nodes > 1
         if not (balances or places):
             return None
-        box = [measure_layers(self.cfg, self.sampler) if dist.get_rank() == 0 else None]
+        box = [measure_layers(self.cfg, self.sampler, self.device) if dist.get_rank() == 0 else None]
         self.control.broadcast_object(box, src=0)
         return box[0]
 
