@@ -378,3 +378,66 @@ def test_100k_events_over_8_ranks_check_in_seconds_under_strict(tmp_path):
     assert report.ok, report.findings[:3]
     assert report.ops + report.waits + report.device_events == events
     assert elapsed < 10, f"{elapsed:.1f} s"
+
+
+def test_threads_blocked_in_turn_each_release_the_ones_behind(tmp_path):
+    """Two threads of rank 0 sync behind a posted receive, one after the other in the log;
+    the third thread, logged last, sends what lets rank 1 answer (on a host communicator)."""
+    r0, r1 = Rank(0), Rank(1)
+    r0.recv("p", 1, thread="a")
+    r0.sync("a's sync", thread="a")
+    r0.sync("c's sync", thread="c")
+    r0.wait(r0.coll("q", [0, 1], thread="b", host=True), thread="b")
+    r1.wait(r1.coll("q", [0, 1], host=True))
+    r1.wait(r1.send("p", 0))
+    report = check(write(tmp_path, [r0, r1]))
+    assert report.ok, report.findings
+
+
+# ------------------------------------- what the streams model's tests plant, strict
+
+
+def test_strict_explains_a_send_nobody_receives(tmp_path):
+    r0, r1 = Rank(0), Rank(1)
+    r0.wait(r0.send("p", 1))
+    r0.send("p", 1)
+    r1.wait(r1.recv("p", 0))
+    assert only(check(write(tmp_path, [r0, r1])), "deadlock") == (
+        "rank 0's send to 1 on p (seq 2), which rank 1 never matches with a recv from 0 (this is send #2) "
+        "(1 op stuck in all: 1 issued, 0 never issued; 0 threads blocked)")
+
+
+def test_strict_explains_a_collective_one_member_skips(tmp_path):
+    ranks = [Rank(r) for r in range(3)]
+    for r in ranks[:2]:
+        r.wait(r.coll("dp", [0, 1, 2]))
+    ranks[2].wait(ranks[2].coll("solo/2", [2]))
+    assert only(check(write(tmp_path, ranks)), "deadlock").startswith(
+        "rank 0 engine waits (seq 1) for all_reduce on dp (seq 0), which rank 2 never reaches "
+        "(it issues 0 collectives on dp)")
+
+
+def test_strict_names_a_cycle_inside_one_rank(tmp_path):
+    """The engine waits for an all-reduce its launcher issues only after a later event of
+    the engine."""
+    r0, r1 = Rank(0), Rank(1)
+    ar = r0.coll("dp", [0, 1], thread="launcher", after=[2])
+    r0.wait(ar)
+    r0.compute("F0")
+    r1.wait(r1.coll("dp", [0, 1]))
+    assert only(check(write(tmp_path, [r0, r1])), "deadlock").startswith(
+        "rank 0 waits on itself: rank 0 launcher is held at all_reduce (seq 0) until engine passes seq 2: "
+        "rank 0 engine waits (seq 1) until launcher passes seq 0 (")
+
+
+def test_a_log_without_a_format_line_is_format_1(tmp_path):
+    d = write(tmp_path, recv_before_send(fix="after"))
+    for f in d.glob("rank-*.jsonl"):
+        f.write_text("".join(f.read_text().splitlines(keepends=True)[1:]))
+    assert check(d).ok
+
+
+def test_a_compute_event_without_its_action_is_malformed(tmp_path):
+    ranks = two_stages(sync_after_compute=False, recv_ahead=False)
+    next(line for line in ranks[0].lines if line["op"] == "compute").pop("action")
+    assert only(check(write(tmp_path, ranks)), "malformed") == "rank-0.jsonl:2: missing field 'action'"

@@ -576,16 +576,19 @@ class _Replay:
         return self._strict_deadlock() if self.strict else self._deadlock()
 
     def _release(self) -> bool:
-        """Nothing moves: a rank whose earliest logged thread is blocked lets its other
-        threads launch ahead of it. True if any thread was let go."""
-        before, let_go = self.passes, []
+        """Nothing moves: in a rank whose earliest logged thread is blocked, the blocked
+        threads stop holding back the others, which launch ahead of them. True if that moved
+        an event or stalled another thread (a thread freed now may block in turn and
+        release the ones behind it in the next round)."""
+        before, let_go, stalled = self.passes, [], 0
         for threads in self.of_rank.values():
             gated = [t for t in threads if t.gated and not t.finished]
             if not gated:
                 continue
             for t in threads:
-                if not t.finished and not t.gated:
+                if not t.finished and not t.gated and not t.stalled:
                     t.stalled = True
+                    stalled += 1
             let_go += gated
         if not let_go:
             return False
@@ -597,7 +600,7 @@ class _Replay:
                 self._on_head(self.ready.popleft())
             if self.work:
                 self._advance(self.work.popleft())
-        return self.passes > before
+        return self.passes > before or stalled > 0
 
     # A thread passes its events in order until one has an unmet dependency.
     def _advance(self, t: _Thread) -> None:
