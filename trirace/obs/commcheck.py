@@ -565,42 +565,40 @@ class _Replay:
 
     def run(self) -> list[Finding]:
         self.work.extend(self.threads.values())
+        mark = -1  # passes at the last release
         while True:
             while self.work or self.ready:
                 while self.ready:
                     self._on_head(self.ready.popleft())
                 if self.work:
                     self._advance(self.work.popleft())
-            if not (self.strict and self._release()):
+            if not self.strict:
                 break
+            stalled, gated = self._stall()
+            if not gated or (self.passes == mark and not stalled):  # a round that moved nothing
+                break
+            mark = self.passes
+            for t in gated:
+                t.gated = False
+            self.work.extend(gated)
         return self._strict_deadlock() if self.strict else self._deadlock()
 
-    def _release(self) -> bool:
-        """Nothing moves: in a rank whose earliest logged thread is blocked, the blocked
-        threads stop holding back the others, which launch ahead of them. True if that moved
-        an event or stalled another thread (a thread freed now may block in turn and
-        release the ones behind it in the next round)."""
-        before, let_go, stalled = self.passes, [], 0
+    def _stall(self) -> tuple[int, list[_Thread]]:
+        """Nothing moves. In a rank where a thread is held behind an earlier logged event of
+        a blocked thread, the blocked threads stop holding back the others, which then launch
+        ahead of them. Returns how many threads newly stalled, and the held threads to free
+        (one freed now may block in turn and free the ones behind it in the next round)."""
+        stalled, gated = 0, []
         for threads in self.of_rank.values():
-            gated = [t for t in threads if t.gated and not t.finished]
-            if not gated:
+            held = [t for t in threads if t.gated and not t.finished]
+            if not held:
                 continue
             for t in threads:
                 if not t.finished and not t.gated and not t.stalled:
                     t.stalled = True
                     stalled += 1
-            let_go += gated
-        if not let_go:
-            return False
-        for t in let_go:
-            t.gated = False
-        self.work.extend(let_go)
-        while self.work or self.ready:  # one round; no progress in it means none is possible
-            while self.ready:
-                self._on_head(self.ready.popleft())
-            if self.work:
-                self._advance(self.work.popleft())
-        return self.passes > before or stalled > 0
+            gated += held
+        return stalled, gated
 
     # A thread passes its events in order until one has an unmet dependency.
     def _advance(self, t: _Thread) -> None:
