@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("commcheck", help="replay the logs of --comm-log DIR under NCCL's rules: "
                            "exit 0 when clean, 1 naming the first deadlock or mismatch")
     check.add_argument("dir", metavar="DIR", help="the directory train --comm-log wrote (rank-R.jsonl files)")
+    check.add_argument("--model", choices=("strict", "streams"), default="strict",
+                       help="strict: each rank's device runs one kernel at a time, in launch order across its "
+                            "communicators and compute (what NCCL can do); streams: one in-order stream per "
+                            "communicator and rank, device syncs ignored (default: strict)")
     gen = sub.add_parser("generate", help="sample text from a trained model (a checkpoint or a Hugging Face "
                          "directory) on one process")
     gen.add_argument("--checkpoint", required=True, metavar="DIR",
@@ -194,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
             if not Path(args.dir).is_dir():
                 raise UsageError(f"{args.dir} is not a directory (give the --comm-log DIR of a train run)")
-            return commcheck(args.dir)
+            return commcheck(args.dir, args.model)
     except UsageError as e:
         print(f"trirace: error: {e}", file=sys.stderr)
         return 2

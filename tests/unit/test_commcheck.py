@@ -1,5 +1,11 @@
 """commcheck replays synthetic per-rank logs under NCCL's rules: clean schedules pass,
-planted deadlocks, mismatches, thread misuse and malformed input are each reported."""
+planted deadlocks, mismatches, thread misuse and malformed input are each reported.
+
+Replays that assert a deadlock's explanation, or that `pipeline()` is clean, name the
+streams model (one in-order stream per communicator): `pipeline()` posts every receive of a
+step ahead of its sends, as today's runtime does, which a strict device (one kernel at a
+time, the default model) reports as a deadlock; and the strict model explains a deadlock as
+the cycle of launches it closes, asserted in tests/unit/test_commcheck_strict.py."""
 
 from __future__ import annotations
 
@@ -100,7 +106,7 @@ def only(report: Report, kind: str) -> str:
 
 def test_clean_two_stages_two_replicas(tmp_path):
     micro, steps = 3, 2
-    report = check(write(tmp_path, pipeline(stages=2, replicas=2, micro=micro, steps=steps)))
+    report = check(write(tmp_path, pipeline(stages=2, replicas=2, micro=micro, steps=steps)), model="streams")
     assert report.ok, report.findings
     # Per rank and step: micro recvs, micro sends, one all_reduce; micro + 2 waits.
     ops, waits = 4 * steps * (2 * micro + 1), 4 * steps * (micro + 2)
@@ -111,7 +117,7 @@ def test_clean_two_stages_two_replicas(tmp_path):
 
 def test_main_prints_summary_and_returns_status(tmp_path, capsys):
     clean = write(tmp_path / "clean", pipeline(2, 1, 2, 1))
-    assert main(str(clean)) == 0
+    assert main(str(clean), "streams") == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 and out[0].endswith("clean under NCCL's rules")
 
@@ -144,7 +150,7 @@ def separate_or_batched(batched: bool) -> list[Rank]:
 
 
 def test_recv_then_send_as_separate_batches_deadlocks(tmp_path):
-    message = only(check(write(tmp_path, separate_or_batched(batched=False))), "deadlock")
+    message = only(check(write(tmp_path, separate_or_batched(batched=False)), model="streams"), "deadlock")
     assert message.startswith("rank 0 recv from 1 on pair (seq 0) waits: "
                               "rank 1's head on pair is recv from 0 (seq 0), ahead of send to 0 (seq 1)")
     assert "4 ops stuck in all: 4 issued, 0 never issued; 2 threads blocked" in message
@@ -161,7 +167,7 @@ def test_unmatched_trailing_send_never_completes(tmp_path):
     r0.wait(r0.send("p", 1))
     r0.send("p", 1)  # nobody ever receives this one, and nobody waits on it
     r1.wait(r1.recv("p", 0))
-    message = only(check(write(tmp_path, [r0, r1])), "deadlock")
+    message = only(check(write(tmp_path, [r0, r1]), model="streams"), "deadlock")
     assert message.startswith("rank 0 send to 1 on p (seq 2) waits: "
                               "rank 1 never posts a matching recv from 0 on p (this is send #2)")
     assert "1 op stuck in all" in message and "0 threads blocked" in message
@@ -184,7 +190,7 @@ def test_swapped_collectives_on_two_comms_deadlock(tmp_path):
     for r, order in ((r0, "AB"), (r1, "BA")):
         for comm in order:
             r.wait(r.coll(comm, [0, 1]))
-    message = only(check(write(tmp_path, [r0, r1])), "deadlock")
+    message = only(check(write(tmp_path, [r0, r1]), model="streams"), "deadlock")
     assert message.startswith("rank 0 all_reduce on A [0, 1] (seq 0) waits: 1 of 2 members not there: "
                               "rank 1 has not issued all_reduce (seq 2): "
                               "thread main is blocked at wait (seq 1) on rank 1 all_reduce on B [0, 1] (seq 0)")
@@ -218,7 +224,7 @@ def test_collective_missing_on_one_member(tmp_path):
     for r in ranks[:2]:
         r.wait(r.coll("dp", [0, 1, 2]))
     ranks[2].wait(ranks[2].coll("solo/2", [2]))  # rank 2 goes on without the all_reduce
-    message = only(check(write(tmp_path, ranks)), "deadlock")
+    message = only(check(write(tmp_path, ranks), model="streams"), "deadlock")
     assert message.startswith("rank 0 all_reduce on dp [0, 1, 2] (seq 0) waits: 1 of 3 members not there: "
                               "rank 2 never reaches it (issues 0 collectives on dp; all its threads finished)")
     assert "2 ops stuck in all" in message
@@ -245,7 +251,7 @@ def after_gated(cyclic: bool) -> list[Rank]:
 
 def test_wait_on_after_gated_op_of_another_thread(tmp_path):
     assert check(write(tmp_path / "ok", after_gated(cyclic=False))).ok
-    message = only(check(write(tmp_path / "cycle", after_gated(cyclic=True))), "deadlock")
+    message = only(check(write(tmp_path / "cycle", after_gated(cyclic=True)), model="streams"), "deadlock")
     assert message.startswith("rank 0 all_reduce on dp [0, 1] (seq 0) waits: seq 2 (all_reduce of thread engine), "
                               "which is never passed: thread engine is blocked at wait (seq 1) until seq 0 "
                               "(all_reduce of thread launcher) passes")
@@ -328,7 +334,7 @@ def test_100k_events_over_8_ranks_is_fast(tmp_path):
     assert 95_000 <= events <= 110_000
     write(tmp_path, ranks)
     t0 = time.perf_counter()
-    report = check(tmp_path)
+    report = check(tmp_path, model="streams")
     elapsed = time.perf_counter() - t0
     assert report.ok, report.findings[:3]
     assert report.ops + report.waits == events

@@ -7,8 +7,13 @@ its completion is real.
   does; on NCCL it only orders the caller's stream, so the handle also records a CUDA
   event behind the op on a side stream and synchronises on it. Nothing is reported
   complete before it is.
-- `CommLog` (`--comm-log DIR`) writes `DIR/rank-R.jsonl`: one line per issued op and per
-  host wait, in issue order, which `trirace commcheck` replays under NCCL's rules.
+- `CommLog` (`--comm-log DIR`) writes `DIR/rank-R.jsonl`: a format line, then one line per
+  issued op, per host wait, and per event that only matters on a device (a compute
+  action's kernels, a device-wide sync, a host read of a device value), in issue order
+  across the rank's threads, which `trirace commcheck` replays under NCCL's rules. The
+  runtime logs device events on CPU too, so a gloo run's log is what the NCCL run launches.
+  Ops carry what equal byte counts hide: dtype, reduce op, broadcast source, all-to-all
+  splits.
 - `Waiter` reports completions to a callback from a thread of its own, so the thread that
   issued the op never blocks for bookkeeping.
 """
@@ -26,6 +31,9 @@ import torch
 import torch.distributed as dist
 
 
+LOG_FORMAT = 2  # the first line of every log: {"format": 2}; commcheck refuses formats it does not know
+
+
 class CommLog:
     """Issue order of one rank's ops, shared by all its threads (hence the lock)."""
 
@@ -38,6 +46,7 @@ class CommLog:
         if path is not None:
             Path(path).mkdir(parents=True, exist_ok=True)
             self._file = open(Path(path) / f"rank-{rank}.jsonl", "w")
+            self._file.write(json.dumps({"format": LOG_FORMAT}) + "\n")
 
     @property
     def enabled(self) -> bool:
@@ -57,13 +66,32 @@ class CommLog:
             self._last[thread] = seqs[-1]
         return seqs
 
-    def issue(self, comm: "Communicator", ops: Sequence[tuple[str, int | None, int | None]]) -> list[int]:
-        """One batch of (op, peer, nbytes) on `comm`; returns their seqs."""
+    def issue(self, comm: "Communicator", ops: Sequence[tuple[str, int | None, int | None, dict]]) -> list[int]:
+        """One batch of (op, peer, nbytes, metadata) on `comm`; returns their seqs."""
         if not self.enabled:
             return []
-        rows = [{"comm": comm.name, "members": list(comm.members), "op": op, "peer": peer, "nbytes": nbytes}
-                for op, peer, nbytes in ops]
+        where = {"host": True} if comm.host else {}  # commcheck places the others on the device
+        rows = [{"comm": comm.name, "members": list(comm.members), "op": op, "peer": peer, "nbytes": nbytes, **meta,
+                 **where} for op, peer, nbytes, meta in ops]
         return self._write(rows, batch=True)
+
+    # A device runs these in its launch order with the communicators' kernels; on CPU they
+    # cost nothing and are logged all the same, so the log is what a device would run.
+    def compute(self, action: str) -> None:
+        """The calling thread launched the kernels of compute `action` (one kernel to commcheck)."""
+        if self.enabled:
+            self._write([{"op": "compute", "action": action}])
+
+    def sync(self, where: str) -> None:
+        """The calling thread waits for everything launched on the device (torch.cuda.synchronize)."""
+        if self.enabled:
+            self._write([{"op": "sync", "where": where}])
+
+    def host_read(self, where: str) -> None:
+        """The calling thread reads a device value on the host (.item(), .tolist(), a size
+        only the device knows), which waits for the compute it launched before."""
+        if self.enabled:
+            self._write([{"op": "host_read", "where": where}])
 
     def wait(self, seqs: Sequence[int]) -> None:
         """The calling thread has blocked until ops `seqs` completed."""
@@ -127,12 +155,13 @@ def _cuda_complete(works: list, device: torch.device) -> None:
 
 
 class Communicator:
-    """One process group, named identically on all its members."""
+    """One process group, named identically on all its members. `host`: a gloo group on CPU
+    tensors under every backend (control, norm), whose ops never run on the device."""
 
     def __init__(self, name: str, members: Sequence[int], group: dist.ProcessGroup | None,
-                 device: torch.device, log: CommLog, timeout: timedelta):
+                 device: torch.device, log: CommLog, timeout: timedelta, host: bool = False):
         self.name, self.members, self.group = name, tuple(members), group
-        self.device, self.log, self.timeout = device, log, timeout
+        self.device, self.log, self.timeout, self.host = device, log, timeout, host
 
     @classmethod
     def plain(cls, group: dist.ProcessGroup | None, device: torch.device | None = None) -> "Communicator":
@@ -151,26 +180,30 @@ class Communicator:
 
     # Logging happens before the call: an op that hangs inside torch is still in the log.
     def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> Handle:
-        seqs = self.log.issue(self, [("all_reduce", None, _nbytes(t))])
+        seqs = self.log.issue(self, [("all_reduce", None, _nbytes(t), {"dtype": _dtype(t), "reduce_op": _op_name(op)})])
         return Handle(self, [dist.all_reduce(t, op=op, group=self.group, async_op=True)], seqs)
 
     def broadcast(self, t: torch.Tensor, src: int) -> Handle:
-        seqs = self.log.issue(self, [("broadcast", None, _nbytes(t))])
+        seqs = self.log.issue(self, [("broadcast", None, _nbytes(t), {"dtype": _dtype(t), "src": src})])
         return Handle(self, [dist.broadcast(t, src=src, group=self.group, async_op=True)], seqs)
 
     def all_gather_into(self, out: torch.Tensor, t: torch.Tensor) -> Handle:
-        seqs = self.log.issue(self, [("all_gather", None, _nbytes(t))])
+        seqs = self.log.issue(self, [("all_gather", None, _nbytes(t), {"dtype": _dtype(t)})])
         return Handle(self, [_all_gather_into(out, t, group=self.group, async_op=True)], seqs)
 
     def all_to_all_single(self, out: torch.Tensor, t: torch.Tensor, out_splits=None, in_splits=None) -> Handle:
-        # Bytes differ per member by design (row counts); the agreed count comes first.
-        seqs = self.log.issue(self, [("all_to_all", None, None if in_splits else _nbytes(t))])
+        # Bytes differ per member by design (row counts); the agreed count comes first. The
+        # splits (rows to and from each member, in group order) must agree pairwise.
+        meta = {"dtype": _dtype(t), "send_splits": _splits(t, in_splits, self.size),
+                "recv_splits": _splits(out, out_splits, self.size), "row_bytes": _row_bytes(t)} \
+            if self.log.enabled else {}
+        seqs = self.log.issue(self, [("all_to_all", None, None if in_splits else _nbytes(t), meta)])
         return Handle(self, [dist.all_to_all_single(out, t, out_splits, in_splits, group=self.group,
                                                     async_op=True)], seqs)
 
     def p2p(self, ops: Sequence[tuple[str, torch.Tensor, int]]) -> Handle:
         """One batch of ("send" | "recv", tensor, peer global rank), issued together."""
-        seqs = self.log.issue(self, [(kind, peer, _nbytes(t)) for kind, t, peer in ops])
+        seqs = self.log.issue(self, [(kind, peer, _nbytes(t), {"dtype": _dtype(t)}) for kind, t, peer in ops])
         p2p_ops = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, t, peer, self.group)
                    for kind, t, peer in ops]
         return Handle(self, list(dist.batch_isend_irecv(p2p_ops)), seqs)
@@ -181,23 +214,43 @@ class Communicator:
 
     # Object collectives are synchronous; their byte counts are not known on every member.
     def broadcast_object(self, box: list, src: int) -> None:
-        seqs = self.log.issue(self, [("broadcast_object", None, None)])
+        seqs = self.log.issue(self, [("broadcast_object", None, None, {})])
         dist.broadcast_object_list(box, src=src, group=self.group)
         self.log.wait(seqs)
 
     def all_gather_object(self, out: list, obj) -> None:
-        seqs = self.log.issue(self, [("all_gather_object", None, None)])
+        seqs = self.log.issue(self, [("all_gather_object", None, None, {})])
         dist.all_gather_object(out, obj, group=self.group)
         self.log.wait(seqs)
 
     def gather_object(self, obj, out: list | None, dst: int) -> None:
-        seqs = self.log.issue(self, [("gather_object", None, None)])
+        seqs = self.log.issue(self, [("gather_object", None, None, {})])
         dist.gather_object(obj, out, dst=dst, group=self.group)
         self.log.wait(seqs)
 
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _op_name(op) -> str:
+    return str(getattr(op, "name", op)).lower()
+
+
+def _row_bytes(t: torch.Tensor) -> int:
+    return _nbytes(t) // t.shape[0] if t.dim() and t.shape[0] else t.element_size()
+
+
+def _splits(t: torch.Tensor, splits, n: int) -> list[int]:
+    """Rows per member: the given splits, or the even split all_to_all_single makes without them."""
+    if splits:
+        return [int(x) for x in splits]
+    rows = t.shape[0] if t.dim() else 1
+    return [rows // n] * n
 
 
 # all_gather_into_tensor was renamed all_gather_single (and deprecated) in recent torch.

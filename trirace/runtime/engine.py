@@ -94,6 +94,7 @@ class Engine:
         if not self.model.is_last and y.dtype != torch.float32:  # the next stage receives fp32
             y = y.float()
         if self.model.is_last:
+            self.comm.log.host_read(f"loss.item() in F{k}")
             value = loss.item()
             self._record(step).losses.append(value)
             self.comm.norms.loss(step, value)
@@ -174,8 +175,13 @@ class Engine:
             if a.op is Op.OPT:
                 self.norm_of_step[a.index] = self.await_update(a.index)
             t0, c0 = time.perf_counter(), time.thread_time()
+            self.comm.log.compute(str(a))
             compute[a.op](a.index)
-            if self.device.type == "cuda":  # kernels run asynchronously: time them, not their launch
+            # Kernels run asynchronously: time them, not their launch. The sync waits for every
+            # stream of the device, NCCL's included; it is logged on every device so that
+            # commcheck sees what a GPU run does.
+            self.comm.log.sync(f"after {a}")
+            if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             t1, c1 = time.perf_counter(), time.thread_time()
             # the thread's CPU beside the wall time: on shared cores the gap is the contention

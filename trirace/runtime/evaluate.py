@@ -53,9 +53,12 @@ class Evaluator:
                 comm, peer = self.g.eval_p2p["recv"]
                 x = torch.empty(self.shape, device=self.device)
                 comm.p2p([("recv", x, peer)]).wait()
+            log = self.g.control.log
+            log.compute(f"eval{i}")
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                 y = functional_call(module, weights, (x,))
                 if self.model.is_last:
+                    log.host_read(f"eval loss.item() of batch {i}")
                     total += self.loss_fn(y, targets.to(self.device)).item()
                     count += 1
             if not self.model.is_last:

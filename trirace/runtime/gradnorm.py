@@ -73,11 +73,18 @@ class GradNorms:
             # A sum over replicas, not yet their mean: divided here, so the figure does not
             # depend on whether the engine has divided the buffer yet. In float64, a block
             # at a time in a fixed order: the same bits everywhere, a bounded temporary.
-            sumsq = sum(torch.linalg.vector_norm(flat[i:i + NORM_BLOCK], dtype=torch.float64).item() ** 2
-                        for i in range(0, flat.numel(), NORM_BLOCK))
+            sumsq = sum(self._block_sumsq(flat[i:i + NORM_BLOCK], step) for i in range(0, flat.numel(), NORM_BLOCK))
             vec[self.stage] = sumsq / self.replicas**2
         vec[self.n_stages] = float(self.bad_losses.pop(step, 0))
         self.handles[step] = (vec, self.comm.all_reduce(vec))
+
+    def _block_sumsq(self, block: torch.Tensor, step: int) -> float:
+        # A kernel on the device, then a host read of its result: both logged, since on a
+        # device the read waits for what this thread launched before.
+        self.comm.log.compute(f"norm{step}")
+        norm = torch.linalg.vector_norm(block, dtype=torch.float64)
+        self.comm.log.host_read(f"gradnorm block norm .item() of step {step}")
+        return norm.item() ** 2
 
     def wait(self, step: int) -> tuple[float, bool]:
         """(global norm, whether the loss was non-finite anywhere) of step `step` (OPT)."""

@@ -29,7 +29,7 @@ def control_communicator(log: CommLog, timeout: timedelta) -> Communicator:
     """The whole world on gloo: the first communicator every rank creates."""
     world = list(range(dist.get_world_size()))
     group = dist.new_group(world, backend=gloo.backend("gloo"))
-    return Communicator("control", world, group, torch.device("cpu"), log, timeout)
+    return Communicator("control", world, group, torch.device("cpu"), log, timeout, host=True)
 
 
 @dataclass
@@ -121,7 +121,8 @@ def make_groups(plan: JobPlan, device: torch.device, control: Communicator, eval
             h = _hierarchy(s.stage, list(s.ranks), plan, comm)
             hierarchy = h if s.stage == stage else hierarchy
     world = list(range(dist.get_world_size()))
-    norm = Communicator("norm", world, dist.new_group(world, backend=gloo.backend("gloo")), torch.device("cpu"), log, timeout)
+    norm = Communicator("norm", world, dist.new_group(world, backend=gloo.backend("gloo")), torch.device("cpu"), log, timeout,
+                        host=True)
     eval_p2p: dict[str, tuple[Communicator, int]] = {}
     for a, b in L.p2p_pairs() if evaluate else ():
         c = comm(f"eval/{a}>{b}", [a, b])

@@ -9,6 +9,9 @@ same collectives in the same order.
 Touched rows travel as records: the int64 index and the row's bytes side by side in one
 uint8 row, so a phase costs one collective rather than one for indices and one for values.
 
+Every read of a device value on the host (a count, a split, `nonzero`'s size) is logged
+as a host read: on a device each one waits for the work queued before it.
+
 Bytes reported are what this rank puts on the wire under ring / pairwise algorithms
 (padding included): all_gather sends N-1 blocks, all_to_all every block not addressed to
 itself, ring all-reduce 2(N-1)/N of the buffer.
@@ -49,8 +52,10 @@ def exchange(grad: torch.Tensor, group: Communicator | dist.ProcessGroup | None 
     if method == "dense" and not grad.is_sparse:  # only the count is wanted: copy no rows
         idx: torch.Tensor | None = None
         vals: torch.Tensor | None = None
+        comm.log.host_read("sparse exchange: count of touched rows")
         k = int(grad.ne(0).any(dim=1).sum())
     else:  # rows are taken (copied, for a dense grad) before `out` is written: it may alias grad
+        comm.log.host_read("sparse exchange: touched rows (nonzero)")
         idx, vals = touched_rows(grad)
         k = idx.numel()
     sent = 0
@@ -59,6 +64,7 @@ def exchange(grad: torch.Tensor, group: Communicator | dist.ProcessGroup | None 
         if n > 1:
             comm.all_reduce(kmax, op=dist.ReduceOp.MAX).wait()
             sent += _all_reduce_bytes(kmax, n)
+        comm.log.host_read("sparse exchange: largest row count .item()")
         method = choose(n, vocab, dim, int(kmax.item()), elem_bytes=grad.element_size(),
                         alpha_s=alpha_s, bytes_per_s=bytes_per_s)
     if n == 1 or method == "dense":
@@ -120,6 +126,7 @@ def _records(rows: int, vals: torch.Tensor) -> torch.Tensor:
 def _gather_counts(count: int, comm: Communicator, n: int, device: torch.device) -> list[int]:
     out = torch.empty(n, dtype=torch.int64, device=device)
     comm.all_gather_into(out, torch.tensor([count], dtype=torch.int64, device=device)).wait()
+    comm.log.host_read("sparse exchange: gathered row counts .tolist()")
     return out.tolist()
 
 
@@ -173,6 +180,7 @@ def _alltoall(idx: torch.Tensor, vals: torch.Tensor, out: torch.Tensor, comm: Co
     send = torch.bincount(owner_of(idx, n, vocab), minlength=n)
     recv = torch.empty_like(send)
     comm.all_to_all_single(recv, send).wait()
+    comm.log.host_read("sparse exchange: all-to-all splits .tolist()")
     send_l, recv_l = send.tolist(), recv.tolist()
     sent = (n - 1) * INDEX_BYTES + (idx.numel() - send_l[rank]) * rec_bytes
     rec = _records(idx.numel(), vals)
@@ -191,6 +199,7 @@ def _alltoall(idx: torch.Tensor, vals: torch.Tensor, out: torch.Tensor, comm: Co
         acc.index_add_(0, gi[off:off + c] - lo, gv[off:off + c])
         off += c
     touched[gi - lo] = True
+    comm.log.host_read("sparse exchange: owned rows (nonzero)")
     mine = touched.nonzero().squeeze(1)
     # Share the reduced rows back: each owner's rows once, padded to the largest owner's.
     parts, b = _gather_records(mine + lo, acc.index_select(0, mine), comm, n)
