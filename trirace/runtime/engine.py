@@ -29,6 +29,65 @@ from .stage import StageModel
 
 
 @dataclass
+class Timed:
+    label: str  # the action
+    step: int
+    t0: float  # perf_counter seconds
+    t1: float
+    cpu_s: float  # the engine thread's CPU in it
+    update: bool  # OPT: it ends the step
+
+
+class ComputeClock:
+    """Times compute actions without a device-wide sync.
+
+    On the CPU an action's work is done when its call returns: wall and thread CPU time
+    around the call. On a GPU kernels run after their launch, so CUDA events recorded on
+    the compute stream around the call time them; the host waits on the step's last event
+    once, at its update (an event wait: NCCL's streams are not waited on), and converts
+    every pending action of the step then."""
+
+    def __init__(self, device: torch.device, log):
+        self.cuda, self.log = device.type == "cuda", log
+        self.pending: list[Timed] = []  # on a GPU: times still in events, (start, stop) aside
+        self.events: list[tuple] = []
+        if self.cuda:
+            self.origin = torch.cuda.Event(enable_timing=True)
+            self.origin.record()
+            self.origin_s = time.perf_counter()
+
+    def begin(self) -> tuple[float, float, "torch.cuda.Event | None"]:
+        start = None
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+        return time.perf_counter(), time.thread_time(), start
+
+    def end(self, mark, label: str, step: int, update: bool) -> list[Timed]:
+        """What is timed by now: this action on the CPU; on a GPU, at an update, every
+        action since the last update."""
+        t0, c0, start = mark
+        t1, c1 = time.perf_counter(), time.thread_time()
+        timed = Timed(label, step, t0, t1, c1 - c0, update)
+        if update:  # logged on every device, so that commcheck sees what a GPU run does
+            self.log.host_read(f"compute timing of step {step} (an event on the compute stream)")
+        if not self.cuda:
+            return [timed]
+        stop = torch.cuda.Event(enable_timing=True)
+        stop.record()
+        self.pending.append(timed)
+        self.events.append((start, stop))
+        if not update:
+            return []
+        stop.synchronize()
+        at = lambda ev: self.origin_s + self.origin.elapsed_time(ev) / 1e3  # noqa: E731
+        for t, (a, b) in zip(self.pending, self.events):
+            t.t0, t.t1 = at(a), at(b)
+        done, self.pending, self.events = self.pending, [], []
+        return done
+
+
+@dataclass
 class StepRecord:
     step: int
     losses: list[float] = field(default_factory=list)  # this replica's micro-batch losses (last stage)
@@ -64,6 +123,7 @@ class Engine:
         self.outputs: dict[int, torch.Tensor] = {}  # stage output, or the scaled loss on the last stage
         self.out_grads: dict[int, torch.Tensor] = {}  # received gradient of the output
         self.records: dict[int, StepRecord] = {}
+        self.clock = ComputeClock(device, groups.control.log)
 
     def _record(self, step: int) -> StepRecord:
         return self.records.setdefault(step, StepRecord(step))
@@ -94,10 +154,7 @@ class Engine:
         if not self.model.is_last and y.dtype != torch.float32:  # the next stage receives fp32
             y = y.float()
         if self.model.is_last:
-            self.comm.log.host_read(f"loss.item() in F{k}")
-            value = loss.item()
-            self._record(step).losses.append(value)
-            self.comm.norms.loss(step, value)
+            self.comm.norms.loss(step, loss)  # read back once per step, with the step's norm
             y = loss / self.m  # gradients average over micro-batches
         self.outputs[k] = y
         if self.delay_s:
@@ -174,23 +231,23 @@ class Engine:
                 continue
             if a.op is Op.OPT:
                 self.norm_of_step[a.index] = self.await_update(a.index)
-            t0, c0 = time.perf_counter(), time.thread_time()
+            mark = self.clock.begin()
             self.comm.log.compute(str(a))
             compute[a.op](a.index)
-            # Kernels run asynchronously: time them, not their launch. The sync waits for every
-            # stream of the device, NCCL's included; it is logged on every device so that
-            # commcheck sees what a GPU run does.
-            self.comm.log.sync(f"after {a}")
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            t1, c1 = time.perf_counter(), time.thread_time()
-            # the thread's CPU beside the wall time: on shared cores the gap is the contention
-            self.rec.span("compute", str(a), t0, t1, cpu_s=round(c1 - c0, 6))
             step = self.sched.step_of_action(a)
-            rec = self._record(step)
-            rec.compute_s += t1 - t0
-            rec.compute_cpu_s += c1 - c0
+            for timed in self.clock.end(mark, str(a), step, update=a.op is Op.OPT):
+                self._account(timed)
             if a.op is Op.OPT:
-                rec.end_time = t1
+                rec = self._record(step)
+                rec.losses = self.comm.norms.losses_of(step)
                 if self.on_step:
                     self.on_step(self.records.pop(step))
+
+    def _account(self, t: "Timed") -> None:
+        # the thread's CPU beside the wall time: on shared cores the gap is the contention
+        self.rec.span("compute", t.label, t.t0, t.t1, cpu_s=round(t.cpu_s, 6))
+        rec = self._record(t.step)
+        rec.compute_s += t.t1 - t.t0
+        rec.compute_cpu_s += t.cpu_s
+        if t.update:
+            rec.end_time = t.t1

@@ -44,13 +44,20 @@ class GradNorms:
         self.next = 0  # the next step to issue
         self.ready_steps: set[int] = set()
         self.handles: dict[int, tuple[torch.Tensor, Handle]] = {}
-        self.bad_losses: dict[int, int] = {}
+        self.losses: dict[int, list[torch.Tensor]] = {}
+        self.loss_values: dict[int, list[float]] = {}
 
-    def loss(self, step: int, value: float) -> None:
-        """A last-stage forward's loss (engine thread, before the step's contribution)."""
-        if not math.isfinite(value):
-            with self.lock:
-                self.bad_losses[step] = self.bad_losses.get(step, 0) + 1
+    def loss(self, step: int, value: torch.Tensor) -> None:
+        """A last-stage forward's loss (engine thread, before the step's contribution), kept
+        on its device: the step reads its losses back once, with its norm (`_issue`)."""
+        with self.lock:
+            self.losses.setdefault(step, []).append(value.detach())
+
+    def losses_of(self, step: int) -> list[float]:
+        """This rank's micro-batch losses of step `step`, in forward order (after its
+        contribution went out: the update waits for that)."""
+        with self.lock:
+            return self.loss_values.pop(step, [])
 
     def issued(self, step: int) -> bool:
         with self.lock:
@@ -68,23 +75,30 @@ class GradNorms:
 
     def _issue(self, step: int) -> None:
         vec = torch.zeros(self.n_stages + 1, dtype=torch.float64)
+        losses = self.losses.pop(step, [])
+        parts = []  # read back to the host together: one read per step
+        blocks = 0
         if self.replica == 0:
             flat = self.model.flat_grad(self.version_of_step(step))
-            # A sum over replicas, not yet their mean: divided here, so the figure does not
-            # depend on whether the engine has divided the buffer yet. In float64, a block
-            # at a time in a fixed order: the same bits everywhere, a bounded temporary.
-            sumsq = sum(self._block_sumsq(flat[i:i + NORM_BLOCK], step) for i in range(0, flat.numel(), NORM_BLOCK))
-            vec[self.stage] = sumsq / self.replicas**2
-        vec[self.n_stages] = float(self.bad_losses.pop(step, 0))
+            # In float64, a block at a time in a fixed order: the same bits everywhere, a
+            # bounded temporary.
+            self.comm.log.compute(f"norm{step}")
+            norms = [torch.linalg.vector_norm(flat[i:i + NORM_BLOCK], dtype=torch.float64)
+                     for i in range(0, flat.numel(), NORM_BLOCK)]
+            parts += norms
+            blocks = len(norms)
+        parts += [x.to(torch.float64) for x in losses]  # exact: every float32 is a float64
+        if parts:
+            # On a device the read waits for what this thread launched before: logged.
+            self.comm.log.host_read(f"gradnorm and losses of step {step} .tolist()")
+            values = torch.stack(parts).tolist()
+            if blocks:
+                # A sum over replicas, not yet their mean: divided here, so the figure does
+                # not depend on whether the engine has divided the buffer yet.
+                vec[self.stage] = sum(v ** 2 for v in values[:blocks]) / self.replicas**2
+            self.loss_values[step] = values[blocks:]
+        vec[self.n_stages] = float(sum(not math.isfinite(v) for v in values[blocks:])) if losses else 0.0
         self.handles[step] = (vec, self.comm.all_reduce(vec))
-
-    def _block_sumsq(self, block: torch.Tensor, step: int) -> float:
-        # A kernel on the device, then a host read of its result: both logged, since on a
-        # device the read waits for what this thread launched before.
-        self.comm.log.compute(f"norm{step}")
-        norm = torch.linalg.vector_norm(block, dtype=torch.float64)
-        self.comm.log.host_read(f"gradnorm block norm .item() of step {step}")
-        return norm.item() ** 2
 
     def wait(self, step: int) -> tuple[float, bool]:
         """(global norm, whether the loss was non-finite anywhere) of step `step` (OPT)."""
