@@ -128,10 +128,11 @@ class Handle:
     def wait(self, log: bool = True) -> None:
         """Block until every op is complete. `log=False` for bookkeeping threads, whose
         waits hold back no issuing thread."""
-        for w in self.works:
-            w.wait(self.comm.timeout)
         if self.comm.device.type == "cuda":
-            _cuda_complete(self.works, self.comm.device)
+            _cuda_complete(self.works, self.comm.device, self.comm.timeout)
+        else:
+            for w in self.works:
+                w.wait(self.comm.timeout)
         if log:
             self.comm.log.wait(self.seqs)
 
@@ -139,16 +140,18 @@ class Handle:
 _side = threading.local()
 
 
-def _cuda_complete(works: list, device: torch.device) -> None:
-    # Work.wait() on NCCL only makes the current stream wait. Wait on a side stream of this
-    # thread instead, so the event follows the op alone and not compute queued before it.
-    # (A new thread's current CUDA device is 0: name the device explicitly.)
+def _cuda_complete(works: list, device: torch.device, timeout: timedelta) -> None:
+    # Work.wait() on NCCL makes the calling thread's current stream wait for the op. A
+    # helper thread's current stream is the legacy default one, which is the compute
+    # stream: waiting there would hold every kernel queued after it behind the transfer.
+    # So every wait happens on a side stream of this thread, and the event behind it
+    # follows the op alone. (A new thread's current CUDA device is 0: name the device.)
     with torch.cuda.device(device):
         streams = _side.__dict__.setdefault("streams", {})
         stream = streams.get(device) or streams.setdefault(device, torch.cuda.Stream(device))
         with torch.cuda.stream(stream):
             for w in works:
-                w.wait()
+                w.wait(timeout)
             event = torch.cuda.Event()
             event.record(stream)
         event.synchronize()
