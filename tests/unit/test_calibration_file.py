@@ -44,9 +44,9 @@ def test_a_calibration_round_trips_and_is_refused_for_another_job_or_cluster(tmp
         simulate(cfg, load_cluster("a100-ib"), "blocking", back)
 
 
-@pytest.mark.parametrize("version, says", [(1, "calibration format version 1, this trirace reads version 2"),
-                                           (99, "calibration format version 99"), ("2", "version '2'"),
-                                           (None, "calibration format version None")])
+@pytest.mark.parametrize("version, says", [(1, ": format version 1, this trirace reads version 2"),
+                                           (99, "format version 99"), ("2", "version '2'"),
+                                           (None, "format version None")])
 def test_an_old_or_unknown_calibration_format_is_refused_in_one_line(tmp_path, version, says):
     Calibration("gpt-test", 4, 64, 1, [0.1] * 7, [0.2] * 7, 1e-9).save(tmp_path / "c.json")
     data = json.loads((tmp_path / "c.json").read_text())
@@ -57,7 +57,7 @@ def test_an_old_or_unknown_calibration_format_is_refused_in_one_line(tmp_path, v
     assert says in p.stderr and "run trirace profile again" in p.stderr
     del data["version"]  # no format at all: not a calibration
     (tmp_path / "c.json").write_text(json.dumps(data))
-    with pytest.raises(UsageError, match="not a trirace calibration"):
+    with pytest.raises(UsageError, match="not one trirace wrote \\(no format version\\)"):
         load_calibration(tmp_path / "c.json")
 
 

@@ -14,7 +14,7 @@ ROOT = Path(trirace.__file__).parent
 
 # Part -> the modules it holds (a name covers its submodules).
 PARTS = {
-    "base": ("trirace.errors", "trirace.yamlfile", "trirace.preflight"),
+    "base": ("trirace.errors", "trirace.yamlfile", "trirace.saved", "trirace.preflight"),
     "models": ("trirace.models", "trirace.optim"),
     "config": ("trirace.config",),
     "plan": ("trirace.plan",),

@@ -76,7 +76,7 @@ def test_resimulate_predicts_saved_measurements_again_with_their_calibration(tmp
 
 
 @pytest.mark.parametrize("saved, says", [({"results": []}, "no format version"),
-                                         ({"version": 0, "cells": []}, "sim-accuracy format version 0"),
+                                         ({"version": 0, "cells": []}, ": format version 0, this trirace reads version 1"),
                                          ([1, 2], "no format version")])
 def test_resimulate_refuses_an_old_or_unknown_format_in_one_line(tmp_path, capsys, saved, says):
     from trirace.bench import sim_accuracy

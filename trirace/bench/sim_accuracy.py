@@ -49,6 +49,7 @@ from ..calibrate.layers import compute_now, copy_rate
 from ..calibrate.profile import profile
 from ..calibrate.testbed_contention import in_unit, steady_contention
 from ..config import TrainConfig, make_config
+from ..saved import load_versioned
 from ..errors import UsageError
 from ..runtime import allocator
 from ..sim.calibration import Calibration, load_calibration
@@ -63,18 +64,7 @@ VERSION = 1  # accuracy.json's format: --resimulate refuses any other
 
 def load_accuracy(path: Path) -> dict:
     """A saved accuracy.json, refused in one line (UsageError) where it is not one of this format."""
-    try:
-        payload = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{path} does not exist") from None
-    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
-        raise UsageError(f"{path}: not a sim-accuracy file ({e})") from None
-    if not isinstance(payload, dict) or "version" not in payload:
-        raise UsageError(f"{path}: not a sim-accuracy file (no format version)")
-    if payload["version"] != VERSION:
-        raise UsageError(f"{path}: sim-accuracy format version {payload['version']!r}, this trirace reads version "
-                         f"{VERSION}: measure again")
-    return payload
+    return load_versioned(path, f"sim-accuracy file {path}", "version", VERSION, "measure again")
 
 
 def _layout(text: str) -> tuple[int, int]:

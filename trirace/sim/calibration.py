@@ -75,6 +75,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from ..saved import load_versioned
 from ..errors import UsageError
 from ..models import ModelSpec
 from ..plan.topology import Link
@@ -134,17 +135,8 @@ class Calibration:
 
 def load_calibration(path: str | Path) -> Calibration:
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"calibration file {p} does not exist (make one with trirace profile)") from None
-    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
-        raise UsageError(f"calibration file {p}: not a trirace calibration ({e})") from None
-    if not isinstance(data, dict) or "version" not in data:
-        raise UsageError(f"calibration file {p}: not a trirace calibration (no format version)")
-    if data["version"] != VERSION:
-        raise UsageError(f"calibration file {p}: calibration format version {data['version']!r}, this trirace "
-                         f"reads version {VERSION}: run trirace profile again")
+    data = load_versioned(p, f"calibration file {p}", "version", VERSION, "run trirace profile again",
+                          missing=" (make one with trirace profile)")
     try:  # pydantic checks every field's type, nested ones included, against the dataclass
         cal = TypeAdapter(Calibration).validate_python(data, strict=False)
     except ValidationError as e:
