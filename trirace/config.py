@@ -184,7 +184,19 @@ class ObserveOptions(BaseModel):
     metrics_out: Path | None = Field(None, description="JSON lines, one object per step")
     trace_out: Path | None = Field(None, description="directory for a Chrome/Perfetto timeline")
     comm_log: Path | None = Field(None, description="directory for every rank's log of issued ops (trirace commcheck)")
+    tensorboard: Path | None = Field(None, description="directory for TensorBoard scalars of every step (needs the "
+                                     "tensorboard extra: pip install 'trirace[tensorboard]')")
     progress: bool = Field(True, description="show a progress bar")
+
+    @field_validator("tensorboard")
+    @classmethod
+    def _tensorboard_installed(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            try:
+                import tensorboard  # noqa: F401  (torch's SummaryWriter writes through it)
+            except ImportError:
+                raise ValueError("needs the tensorboard package: pip install 'trirace[tensorboard]'") from None
+        return v
 
 
 class FaultOptions(BaseModel):

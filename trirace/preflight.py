@@ -40,7 +40,7 @@ def output_file(path: str | Path, flag: str) -> None:
 def train_outputs(cfg) -> None:
     """Every path a training run writes (cfg: TrainConfig)."""
     for flag, d in (("--checkpoint-dir", cfg.checkpoint.dir), ("--trace-out", cfg.observe.trace_out),
-                    ("--comm-log", cfg.observe.comm_log)):
+                    ("--comm-log", cfg.observe.comm_log), ("--tensorboard", cfg.observe.tensorboard)):
         if d is not None:
             output_dir(d, flag)
     if cfg.observe.metrics_out is not None:

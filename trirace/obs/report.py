@@ -1,5 +1,7 @@
 """What the reporting rank shows and writes: the progress bar, the per-step metrics file
-(JSON lines) and the closing summary line."""
+(JSON lines), TensorBoard scalars, and the closing summary line. One rank writes them: the
+reporter (the last stage's first replica), the one rank that holds every step's metrics
+after their all-reduce."""
 
 from __future__ import annotations
 
@@ -24,6 +26,11 @@ class Reporter:
         if cfg.observe.metrics_out:
             Path(cfg.observe.metrics_out).parent.mkdir(parents=True, exist_ok=True)
             self.out = open(cfg.observe.metrics_out, "w")
+        self.board = None
+        if cfg.observe.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # the tensorboard extra, checked by config
+
+            self.board = SummaryWriter(str(cfg.observe.tensorboard))
 
     def start(self, t: float) -> None:
         self.last = t
@@ -36,6 +43,8 @@ class Reporter:
         if self.out:
             self.out.write(json.dumps(row) + "\n")
             self.out.flush()
+        if self.board:
+            self._scalars(row)
         shown = {"loss": f"{row['loss']:.3f}"}
         if row.get("val_loss") is not None:
             self.val = row["val_loss"]
@@ -47,10 +56,27 @@ class Reporter:
         self.bar.set_postfix(shown)
         self.bar.update()
 
+    # TensorBoard tag -> the metrics row's key (the same figures as --metrics-out)
+    SCALARS = {"train/loss": "loss", "train/lr": "lr", "train/grad_norm": "grad_norm",
+               "speed/tokens_per_s": "tokens_per_s", "speed/step_time_s": "step_time_s",
+               "speed/compute_s": "compute_s", "comm/exposed_p2p_s": "exposed_p2p_s",
+               "comm/exposed_allreduce_s": "exposed_allreduce_s", "comm/exposed_sparse_s": "exposed_sparse_s",
+               "val/loss": "val_loss", "val/perplexity": "val_perplexity"}
+
+    def _scalars(self, row: dict) -> None:
+        for tag, key in self.SCALARS.items():
+            if row.get(key) is not None:  # no validation this step, or no norm with a tie across stages
+                self.board.add_scalar(tag, row[key], row["step"])
+        if row.get("rank_peak_rss_mb"):
+            self.board.add_scalar("memory/peak_rss_mb_max_rank", max(row["rank_peak_rss_mb"]), row["step"])
+        self.board.flush()  # a run that dies keeps every step it reported
+
     def close(self) -> None:
         self.bar.close()
         if self.out:
             self.out.close()
+        if self.board:
+            self.board.close()
 
     def finish(self) -> list[dict]:
         self.close()
