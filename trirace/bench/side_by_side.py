@@ -99,7 +99,8 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
     allocator.use()  # before the workers start: every system's worker inherits it
     with _testbed(cluster) as (rank_command, rank_env, topo_file):
         nominal = _nominal_topology(cluster, base.world_size)
-        base = prepare(base.with_(topology=topo_file, progress=False, metrics_out=None, trace_out=None))
+        base = prepare(base.with_(topology=topo_file, progress=False, metrics_out=None, trace_out=None,
+                                  tensorboard=None))
         # One placement for every system (the peer included): what trirace's planner picks.
         order = plan_job(base, nominal, lambda: measure_layers(base)).layout.order
         base = base.with_(rank_order=order)

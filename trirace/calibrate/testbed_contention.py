@@ -283,8 +283,8 @@ def short_run(cfg: TrainConfig, link: str | None = None, mtu: int = 9000, timeou
     nodes = cfg.world_size if link else 1
     held = testbed.held_job(nodes, cfg.world_size // nodes, link, mtu) if link else nullcontext((None, None))
     with held as (tb, topo):
-        job = cfg.with_(steps=SHORT_RUN_STEPS, topology=topo, progress=False,
-                                     metrics_out=None, trace_out=None, checkpoint_dir=None)
+        job = cfg.with_(steps=SHORT_RUN_STEPS, topology=topo, progress=False, metrics_out=None, trace_out=None,
+                        tensorboard=None, checkpoint_dir=None)
         rows = run_local([job], timeout_s=timeout_s, rank_command=tb.rank_command if tb else None,
                          rank_env=tb.rank_env if tb else None, quiet=True)[0]  # not the profile's output
     steady = steady_steps(len(rows), warmup=SHORT_RUN_SKIP)

@@ -40,7 +40,7 @@ GiB = 2**30
 # re-allocates large buffers every micro-batch fragments its heap: a stage that holds the
 # head (32-64 MiB of logits per micro-batch for gpt-tiny) peaks well above its live tensors,
 # by up to RETAINED_UP_TO with the settings and RETAINED_MALLOC_OFF without them (the
-# factors tests/test_memory_model.py bounds). No model of glibc's fragmentation is
+# factors tests/unit/test_memory_model.py bounds). No model of glibc's fragmentation is
 # attempted: a job within this factor of its budget is warned.
 # (On GPUs the device memory is torch's caching allocator's, not measured here: no warning.)
 RETAINED_UP_TO = 1.75

@@ -29,7 +29,7 @@ class Tuner:
         self.per_trial = warmup + measure
         self.trials_end = first_step + len(self.trials) * self.per_trial
         # The winner is known once step trials_end - 1 is observed, which on every rank
-        # happens before it plans step trials_end - 1 + lag + 3 (see _StepMetrics).
+        # happens before it plans step trials_end - 1 + lag + 3 (see StepMetrics in runtime/step_metrics.py).
         self.apply_from = self.trials_end + lag + 3
         self.times: dict[int, float] = {}
         self.best: Policy | None = None

@@ -54,6 +54,7 @@ class ComputeClock:
         if self.cuda:
             self.origin = torch.cuda.Event(enable_timing=True)
             self.origin.record()
+            self.origin.synchronize()  # once, before training: the host's clock at the event
             self.origin_s = time.perf_counter()
 
     def begin(self) -> tuple[float, float, "torch.cuda.Event | None"]:

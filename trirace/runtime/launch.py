@@ -27,7 +27,7 @@ from ..plan.memory import check_memory
 from ..plan.topology import load_topology
 from . import allocator, checkpoint, gloo
 from ..data.batches import sampler_for
-from .device import resolve_backend
+from .device import job_device, resolve_backend
 from .trainer import RankFailed, Trainer, plan_partition
 
 
@@ -104,8 +104,11 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
     if cfg.comm.topology is not None:
         load_topology(cfg.comm.topology).check(cfg.world_size)
     sampler = sampler_for(cfg)
-    cfg = cfg.with_(partition=plan_partition(cfg, sampler))
-    checkpoint.resume_point(cfg, cfg.parallel.partition)  # a bad checkpoint: one line now, not a worker's traceback
+    if job_device(cfg).type == "cpu":
+        cfg = cfg.with_(partition=plan_partition(cfg, sampler))
+        checkpoint.resume_point(cfg, cfg.parallel.partition)  # a bad checkpoint: one line now, not a worker's traceback
+    # A GPU job's layers are timed by rank 0 on its own device (Trainer): timed here, the
+    # launcher would hold a CUDA context and cached buffers on a rank's GPU for the whole run.
     return cfg
 
 

@@ -275,7 +275,7 @@ def _collective(stage: int, fabric: Fabric, topo: Topology, hierarchical: bool, 
                           cost.latency_steps)]
         if not hierarchical:
             return ring(("ring", stage), n, flat * c.nbytes, a_ring)
-        # runtime/hierarchical.py: all-reduce in each node, among one leader per node, then broadcast
+        # runtime/groups.py and runtime/reduction.py: all-reduce in each node, among one leader per node, then broadcast
         a_local = fabric.latency.get(("local", stage), 0.0)
         return (ring(("local", stage), local, intra * c.nbytes, a_local)
                 + ring(("leaders", stage), k, inter * c.nbytes, fabric.latency.get(("leaders", stage), 0.0))
