@@ -343,15 +343,10 @@ class TrainConfig(BaseModel):
     def with_(self, **changes: Any) -> "TrainConfig":
         """A copy with options replaced by their flat names, unvalidated (as model_copy):
         for what the caller derived from a valid configuration."""
-        top = {k: changes.pop(k) for k in TOP_LEVEL if k in changes}
-        by_section: dict[str, dict[str, Any]] = {}
-        for flat, value in changes.items():
-            if flat not in FLAGS:
-                raise KeyError(f"no option {flat!r}")
-            section, name, _ = FLAGS[flat]
-            by_section.setdefault(section, {})[name] = value
-        sections = {s: getattr(self, s).model_copy(update=u) for s, u in by_section.items()}
-        return self.model_copy(update={**top, **sections})
+        if unknown := set(changes) - set(FLAGS) - set(TOP_LEVEL):
+            raise KeyError(f"no option {sorted(unknown)[0]!r}")
+        update = {k: (getattr(self, k).model_copy(update=v) if k in SECTIONS else v) for k, v in nest(changes).items()}
+        return self.model_copy(update=update)
 
 
 def _flags() -> dict[str, tuple[str, str, FieldInfo]]:

@@ -82,11 +82,6 @@ class CommLog:
         if self.enabled:
             self._write([{"op": "compute", "action": action}])
 
-    def sync(self, where: str) -> None:
-        """The calling thread waits for everything launched on the device (torch.cuda.synchronize)."""
-        if self.enabled:
-            self._write([{"op": "sync", "where": where}])
-
     def host_read(self, where: str) -> None:
         """The calling thread reads a device value on the host (.item(), .tolist(), a size
         only the device knows), which waits for the compute it launched before."""

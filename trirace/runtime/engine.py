@@ -49,8 +49,7 @@ class ComputeClock:
 
     def __init__(self, device: torch.device, log):
         self.cuda, self.log = device.type == "cuda", log
-        self.pending: list[Timed] = []  # on a GPU: times still in events, (start, stop) aside
-        self.events: list[tuple] = []
+        self.pending: list[tuple[Timed, torch.cuda.Event, torch.cuda.Event]] = []  # on a GPU, until the update
         if self.cuda:
             self.origin = torch.cuda.Event(enable_timing=True)
             self.origin.record()
@@ -76,15 +75,14 @@ class ComputeClock:
             return [timed]
         stop = torch.cuda.Event(enable_timing=True)
         stop.record()
-        self.pending.append(timed)
-        self.events.append((start, stop))
+        self.pending.append((timed, start, stop))
         if not update:
             return []
         stop.synchronize()
         at = lambda ev: self.origin_s + self.origin.elapsed_time(ev) / 1e3  # noqa: E731
-        for t, (a, b) in zip(self.pending, self.events):
+        for t, a, b in self.pending:
             t.t0, t.t1 = at(a), at(b)
-        done, self.pending, self.events = self.pending, [], []
+        done, self.pending = [t for t, _, _ in self.pending], []
         return done
 
 
@@ -244,7 +242,7 @@ class Engine:
                 if self.on_step:
                     self.on_step(self.records.pop(step))
 
-    def _account(self, t: "Timed") -> None:
+    def _account(self, t: Timed) -> None:
         # the thread's CPU beside the wall time: on shared cores the gap is the contention
         self.rec.span("compute", t.label, t.t0, t.t1, cpu_s=round(t.cpu_s, 6))
         rec = self._record(t.step)

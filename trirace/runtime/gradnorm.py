@@ -88,16 +88,17 @@ class GradNorms:
             parts += norms
             blocks = len(norms)
         parts += [x.to(torch.float64) for x in losses]  # exact: every float32 is a float64
+        values = []
         if parts:
             # On a device the read waits for what this thread launched before: logged.
             self.comm.log.host_read(f"gradnorm and losses of step {step} .tolist()")
             values = torch.stack(parts).tolist()
-            if blocks:
-                # A sum over replicas, not yet their mean: divided here, so the figure does
-                # not depend on whether the engine has divided the buffer yet.
-                vec[self.stage] = sum(v ** 2 for v in values[:blocks]) / self.replicas**2
-            self.loss_values[step] = values[blocks:]
-        vec[self.n_stages] = float(sum(not math.isfinite(v) for v in values[blocks:])) if losses else 0.0
+        if blocks:
+            # A sum over replicas, not yet their mean: divided here, so the figure does not
+            # depend on whether the engine has divided the buffer yet.
+            vec[self.stage] = sum(v ** 2 for v in values[:blocks]) / self.replicas**2
+        self.loss_values[step] = values[blocks:]
+        vec[self.n_stages] = float(sum(not math.isfinite(v) for v in self.loss_values[step]))
         self.handles[step] = (vec, self.comm.all_reduce(vec))
 
     def wait(self, step: int) -> tuple[float, bool]:
