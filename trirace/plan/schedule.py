@@ -235,9 +235,89 @@ def schedule_for_policy(sched: Schedule, defers_updates: bool, tied_across_stage
         out = defer_updates(sched, (Op.OPT,))
     else:
         out = sched
-    if global_update:  # and the evaluation pass after OPT, whether or not this job runs one
-        validate(out, global_update=True, chained_update=True)
+    out = cut_at_updates(out)
+    # with global_update, also the evaluation pass after OPT, whether or not this job runs one
+    validate(out, global_update=global_update, chained_update=global_update)
     return out
+
+
+def _cuts(acts: tuple[Action, ...] | list[Action], steps: int) -> list[int]:
+    """Where each step's update block starts: its AR when AR sits right before OPT, else
+    its OPT."""
+    pos = {a: i for i, a in enumerate(acts)}
+    out = []
+    for t in range(steps):
+        i = pos[Action(Op.OPT, t)]
+        out.append(i - 1 if i and acts[i - 1] == Action(Op.AR, t) else i)
+    return out
+
+
+def _messages(sched: Schedule):
+    """Every transfer as (sending stage, its action, receiving stage, its action)."""
+    for s in range(sched.n_stages - 1):
+        for k in range(sched.steps * sched.micro_batches):
+            yield s, Action(Op.SF, k), s + 1, Action(Op.RF, k)
+            yield s + 1, Action(Op.SB, k), s, Action(Op.RB, k)
+
+
+def _epochs(sched: Schedule) -> list[dict[Action, int]]:
+    """Per stage, each transfer's epoch: how many update blocks precede it."""
+    out = []
+    for acts in sched.actions:
+        cuts, epoch, e = _cuts(acts, sched.steps), {}, 0
+        for i, a in enumerate(acts):
+            while e < len(cuts) and cuts[e] <= i:
+                e += 1
+            if a.op.is_p2p:
+                epoch[a] = e
+        out.append(epoch)
+    return out
+
+
+def crossing(sched: Schedule) -> tuple[int, Action, int, Action] | None:
+    """(sending stage, send, receiving stage, receive) of a transfer whose ends lie on
+    different sides of an update block, or None.
+
+    At its update block a stage waits, on the host, for the step's global gradient norm
+    from every stage, and reads device values (the norm, the compute timings), which on a
+    device waits for every kernel it launched before. A send launched before the block on
+    one side and received after the block on the other closes a cycle there: the stages'
+    blocks of a step must form one consistent cut of the pipeline, which no transfer
+    crosses."""
+    epochs = _epochs(sched)
+    for s, send, r, recv in _messages(sched):
+        if epochs[s][send] != epochs[r][recv]:
+            return s, send, r, recv
+    return None
+
+
+def cut_at_updates(sched: Schedule) -> Schedule:
+    """Move each receive whose send precedes an update block of the sender to just before
+    the receiver's block of that step, so that no transfer crosses the cut the blocks form
+    (`crossing`). Only receives move, and only earlier. A send after a block whose receive
+    precedes it cannot be fixed that way: validation reports it."""
+    epochs = _epochs(sched)
+    early: list[dict[int, list[Action]]] = [{} for _ in sched.actions]  # stage -> block -> receives
+    for s, send, r, recv in _messages(sched):
+        if epochs[s][send] < epochs[r][recv]:
+            early[r].setdefault(epochs[s][send], []).append(recv)
+    out = []
+    for r, acts in enumerate(sched.actions):
+        if not early[r]:
+            out.append(acts)
+            continue
+        moving = {a for recvs in early[r].values() for a in recvs}
+        body = [a for a in acts if a not in moving]
+        cuts = dict(enumerate(_cuts(body, sched.steps)))
+        where = {a: i for i, a in enumerate(acts)}
+        at = {cuts[t]: sorted(recvs, key=where.__getitem__) for t, recvs in early[r].items()}
+        out.append(tuple(x for i, a in enumerate(body) for x in (*at.get(i, ()), a)))
+    fixed = Schedule(sched.kind, sched.n_stages, sched.micro_batches, sched.steps, tuple(out))
+    if (bad := crossing(fixed)) is not None:
+        s, send, r, recv = bad
+        raise ScheduleError(f"stage {s}'s {send} and stage {r}'s {recv} lie on different sides of an update: "
+                            f"the updates do not form a consistent cut")
+    return fixed
 
 
 # ---------------------------------------------------------------- validation

@@ -1,7 +1,6 @@
-"""Communication policies and the scheduler they drive: pure decisions, shared by the
+"""Communication policies and where they launch chunks: pure decisions, shared by the
 real runtime and the simulator."""
 
-from .policies import POLICIES, InFlight, Policy, make_policy
-from .scheduler import CommScheduler
+from .policies import POLICIES, Policy, make_policy
 
-__all__ = ["POLICIES", "CommScheduler", "InFlight", "Policy", "make_policy"]
+__all__ = ["POLICIES", "Policy", "make_policy"]

@@ -3,18 +3,20 @@
 A policy sees transfers and a snapshot of what is in flight; it never touches a process
 group, so the real runtime and the simulator run the very same objects.
 
+Where each chunk launches is policy/launch_plan.py's pure function of the plan, so every
+replica of a stage launches alike (NCCL's order rule).
+
 - blocking: PipeDream-2BW as published. P2P blocks in schedule order; one flattened
-  all-reduce per stage right after the last backward; no overlap.
-- fifo: everything asynchronous, launched as it becomes ready (gradient buckets as
-  backward finishes them, DDP-style), no priorities, no bound on bytes in flight.
-- priority: ByteScheduler for data parallelism: chunks in forward-layer order, a credit
-  window on bytes in flight; P2P is launched as it comes, with no special treatment.
-- trirace: schedule-aware and link-aware (design in policy/scheduler.py). P2P is on the
-  critical path, so chunks fill the gaps between P2P transfers on their link: a chunk
-  starts only if it and the chunks in flight are predicted to finish before the next P2P
-  transfer crosses that link (policy/forecast.py), unless its step has no slack left before
-  its deadline. Chunks go in deadline order (ties: the order backward readies them), sized
-  from the link so that gaps fit them; 2BW's one-step delay is the slack they wait in.
+  all-reduce per stage at its AR; no overlap.
+- fifo: everything asynchronous: every bucket as soon as the step's backward ends
+  (DDP-style buckets), no priorities, no bound on bytes in flight.
+- priority: ByteScheduler for data parallelism: chunks in forward-layer order, at most a
+  credit of bytes launched per slot of the action list; P2P gets no special treatment.
+- trirace: schedule-aware and link-aware. P2P is on the critical path, so chunks fill the
+  gaps between the P2P transfers on their link: a slot takes the chunks that cross within
+  the compute predicted before the next transfer on that link, unless the step has no
+  slack left before its deadline. Chunks go in the order backward readies them, sized from
+  the link so that gaps fit them; 2BW's one-step delay is the slack they wait in.
 """
 
 from __future__ import annotations
@@ -22,42 +24,20 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import UsageError
-from ..plan.transfers import Chunk, Kind
 
 MiB = 1 << 20
-
-
-@dataclass(frozen=True)
-class InFlight:
-    """What a rank has on its links right now."""
-
-    p2p: int = 0  # P2P sends whose completion this rank has not seen yet
-    chunk_bytes: int = 0  # all-reduce bytes launched and not yet complete
-    gap_bytes: float = float("inf")  # chunk bytes the link carries before the next P2P forecast on it
 
 
 @dataclass(frozen=True)
 class Policy:
     name: str
     partition_bytes: int | None  # chunk size; None = the whole flat gradient in one piece
-    credit_bytes: int | None  # bound on all-reduce bytes in flight; None = unbounded
+    credit_bytes: int | None  # bound on chunk bytes launched per slot (priority); None = unbounded
     chunk_order: str  # "ready" (backward order) or "front" (forward order)
     blocking: bool = False  # P2P and reduction block the engine where the schedule puts them
-    yields_to_p2p: bool = False  # hold chunks back while a P2P send is in flight
-    fills_gaps: bool = False  # start a chunk only if it ends before the next P2P forecast on its link
+    fills_gaps: bool = False  # launch chunks into the predicted gaps between P2P transfers on their link
     defer_updates: bool = True  # run each OPT at its deadline, not right after the backward
     hierarchical: bool = False  # reduce groups that span nodes hierarchically where that pays
-
-    def admit(self, chunk: Chunk, now: InFlight, urgent: bool) -> bool:
-        """May `chunk`, the next in the agreed order and ready, launch now?"""
-        if self.yields_to_p2p and not urgent:
-            if now.p2p:
-                return False
-            if self.fills_gaps and chunk.kind is Kind.ALLREDUCE and now.chunk_bytes + chunk.nbytes > now.gap_bytes:
-                return False  # (the token table's rows are a fraction of its nbytes: not held)
-        if self.credit_bytes is None or now.chunk_bytes == 0:
-            return True  # a chunk larger than the credit still goes, alone
-        return now.chunk_bytes + chunk.nbytes <= self.credit_bytes
 
 
 POLICIES = ("blocking", "fifo", "priority", "trirace")
@@ -77,7 +57,7 @@ def make_policy(name: str, partition_mb: float | None = None, credit_mb: float |
     if name == "priority":
         return Policy(name, mib(partition_mb, 4), mib(credit_mb, 16), "front")
     if name == "trirace":
-        return Policy(name, mib(partition_mb, 2), mib(credit_mb, 4), "ready", yields_to_p2p=True, fills_gaps=True,
+        return Policy(name, mib(partition_mb, 2), mib(credit_mb, 4), "ready", fills_gaps=True,
                       hierarchical=True)
     raise UsageError(f"unknown communication policy {name!r}; choose from {', '.join(POLICIES)}")
 

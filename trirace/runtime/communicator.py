@@ -199,12 +199,17 @@ class Communicator:
         return Handle(self, [dist.all_to_all_single(out, t, out_splits, in_splits, group=self.group,
                                                     async_op=True)], seqs)
 
-    def p2p(self, ops: Sequence[tuple[str, torch.Tensor, int]]) -> Handle:
-        """One batch of ("send" | "recv", tensor, peer global rank), issued together."""
+    def p2p(self, ops: Sequence[tuple[str, torch.Tensor, int]]) -> list[Handle]:
+        """One batch of ("send" | "recv", tensor, peer global rank), issued together (one
+        NCCL group: one kernel); a handle per op. Where the backend fuses the batch into
+        one work (NCCL), every op's handle waits for all of it."""
         seqs = self.log.issue(self, [(kind, peer, _nbytes(t), {"dtype": _dtype(t)}) for kind, t, peer in ops])
         p2p_ops = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, t, peer, self.group)
                    for kind, t, peer in ops]
-        return Handle(self, list(dist.batch_isend_irecv(p2p_ops)), seqs)
+        works = list(dist.batch_isend_irecv(p2p_ops))
+        if len(works) != len(ops):
+            return [Handle(self, works, seqs) for _ in ops]
+        return [Handle(self, [w], seqs[i:i + 1] if seqs else []) for i, w in enumerate(works)]
 
     def barrier(self) -> None:
         # An all-reduce of one element is a barrier on every backend, with a timeout.

@@ -92,6 +92,7 @@ class StepRecord:
     losses: list[float] = field(default_factory=list)  # this replica's micro-batch losses (last stage)
     end_time: float = 0.0
     compute_s: float = 0.0  # wall time in compute actions
+    op_s: dict[str, list[float]] = field(default_factory=dict)  # F, B, OPT -> [seconds, count]
     compute_cpu_s: float = 0.0  # CPU time of the engine thread in them (shared cores inflate wall time)
     grad_norm: float = 0.0  # the global norm of the gradient the update applied (before clipping)
     lr: float = 0.0
@@ -159,10 +160,10 @@ class Engine:
         if self.delay_s:
             time.sleep(self.delay_s)
 
-    def backward(self, k: int) -> None:
+    def backward(self, k: int, unit: int) -> None:
         step = self.sched.step_of(k)
         last = (k + 1) % self.m == 0
-        self.comm.backward_begins(step, last)
+        self.comm.backward_begins(step, last, unit)
         y = self.outputs.pop(k)
         if self.model.is_last:
             y.backward()
@@ -196,12 +197,12 @@ class Engine:
     # ------------------------------------------------------------ driver
 
     def _transfers(self, group: list[Action]) -> None:
-        sends = []
+        sends = {}
         for a in group:
             if a.op is Op.SF:
-                sends.append((a, self.outputs[a.index].detach().contiguous()))
+                sends[a] = self.outputs[a.index].detach().contiguous()
             elif a.op is Op.SB:
-                sends.append((a, self.inputs.pop(a.index).grad.contiguous()))
+                sends[a] = self.inputs.pop(a.index).grad.contiguous()
         got = self.comm.exchange(group, sends)
         for a, t in got.items():
             self.rec.flow(str(a), f"{'F' if a.op is Op.RF else 'B'}{a.index}")
@@ -219,34 +220,48 @@ class Engine:
         self.comm.close()
 
     def _run(self, actions: tuple[Action, ...]) -> None:
-        compute = {Op.F: self.forward, Op.B: self.backward, Op.OPT: self.update}
-        for group in p2p_groups(actions):
-            a = group[0]
-            if a.op.is_p2p:
-                self._transfers(group)
-                continue
-            if a.op is Op.AR:
-                self.comm.reduce(a.index)
-                continue
-            if a.op is Op.OPT:
-                self.norm_of_step[a.index] = self.await_update(a.index)
-            mark = self.clock.begin()
-            self.comm.log.compute(str(a))
-            compute[a.op](a.index)
-            step = self.sched.step_of_action(a)
-            for timed in self.clock.end(mark, str(a), step, update=a.op is Op.OPT):
-                self._account(timed)
-            if a.op is Op.OPT:
-                rec = self._record(step)
-                rec.losses = self.comm.norms.losses_of(step)
-                if self.on_step:
-                    self.on_step(self.records.pop(step))
+        """Each unit of the action list (a compute action, or a run of adjacent transfers),
+        then the launches the plan puts after it."""
+        for unit, group in enumerate(p2p_groups(actions)):
+            self._unit(unit, group)
+            self.comm.after_unit(unit)
+
+    def _unit(self, unit: int, group: list[Action]) -> None:
+        a = group[0]
+        if a.op.is_p2p:
+            self._transfers(group)
+            return
+        if a.op is Op.AR:
+            self.comm.reduce(a.index)
+            return
+        if a.op is Op.OPT:
+            self.norm_of_step[a.index] = self.await_update(a.index)
+        mark = self.clock.begin()
+        self.comm.log.compute(str(a))
+        if a.op is Op.F:
+            self.forward(a.index)
+        elif a.op is Op.B:
+            self.backward(a.index, unit)
+        else:
+            self.update(a.index)
+        step = self.sched.step_of_action(a)
+        for timed in self.clock.end(mark, str(a), step, update=a.op is Op.OPT):
+            self._account(timed)
+        if a.op is Op.OPT:
+            rec = self._record(step)
+            rec.losses = self.comm.norms.losses_of(step)
+            if self.on_step:
+                self.on_step(self.records.pop(step))
 
     def _account(self, t: Timed) -> None:
         # the thread's CPU beside the wall time: on shared cores the gap is the contention
         self.rec.span("compute", t.label, t.t0, t.t1, cpu_s=round(t.cpu_s, 6))
         rec = self._record(t.step)
         rec.compute_s += t.t1 - t.t0
+        op = t.label.rstrip("0123456789")
+        spent = rec.op_s.setdefault(op, [0.0, 0])
+        spent[0] += t.t1 - t.t0
+        spent[1] += 1
         rec.compute_cpu_s += t.cpu_s
         if t.update:
             rec.end_time = t.t1

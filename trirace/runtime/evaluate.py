@@ -2,8 +2,9 @@
 
 Each stage evaluates the weights its OPT just published, W(t+1), on the same fixed
 held-out micro-batches every time (so the curve compares like with like); replica r takes
-its own `eval_batches` of them. Activations go forward on "eval/a>b" communicators of their
-own, so they never queue among the training transfers posted ahead on "fwd/a>b".
+its own `eval_batches` of them. Activations go forward on the pipeline's communicator,
+launched by the engine thread right after its OPT: a fixed point of the action list on
+every rank, like every other launch.
 
 Why it cannot hang a pipeline without a flush: a stage only waits for its upstream
 neighbour's evaluation, which that neighbour runs at its own OPT, and its sends are never
@@ -17,6 +18,7 @@ import torch
 from torch.func import functional_call
 
 from ..models import lm_loss
+from ..plan import Op
 from .communicator import Handle
 from .engine import BatchFn
 from .groups import Groups
@@ -50,9 +52,9 @@ class Evaluator:
             if self.model.is_first:
                 x = inputs.to(self.device)
             else:
-                comm, peer = self.g.eval_p2p["recv"]
+                comm, peer = self.g.p2p[Op.RF]  # the pipeline's communicator, as training's
                 x = torch.empty(self.shape, device=self.device)
-                comm.p2p([("recv", x, peer)]).wait()
+                comm.p2p([("recv", x, peer)])[0].wait()
             log = self.g.control.log
             log.compute(f"eval{i}")
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
@@ -62,9 +64,9 @@ class Evaluator:
                     total += self.loss_fn(y, targets.to(self.device)).item()
                     count += 1
             if not self.model.is_last:
-                comm, peer = self.g.eval_p2p["send"]
+                comm, peer = self.g.p2p[Op.SF]
                 out = y.float().contiguous()
-                self.sending.append((comm.p2p([("send", out, peer)]), out))
+                self.sending.append((comm.p2p([("send", out, peer)])[0], out))
         return total, count
 
     def wait_sends(self) -> None:

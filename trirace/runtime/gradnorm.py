@@ -9,16 +9,16 @@ every rank reads the same figures and computes the same factor, bit for bit, wha
 communication policy did before.
 
 When it is issued is what keeps it from deadlocking a pipeline without a flush. A stage's
-contribution goes out as soon as its gradient of the step is summed over its replicas: at
-the end of the step's last backward when there are no replicas, when the blocking
-policy's in-line reduction ends, or, for asynchronous policies, from the launcher thread
-once every chunk of the step is done. None of these waits for a later action of the
-engine. Only the update (OPT) waits for the result, and with OPT at its deadline every
-stage's contribution needs only actions that precede every stage's OPT (`validate` with
-`global_update=True` proves it for the schedule in use).
+contribution goes out from the engine thread as soon as its gradient of the step is
+summed over its replicas: at the end of the step's last backward when there are no
+replicas, at its AR otherwise. Neither waits for a later action of the engine. Only the
+update (OPT) waits for the result, and with OPT at its deadline every stage's contribution
+needs only actions that precede every stage's OPT (`validate` with `global_update=True`
+proves it for the schedule in use). The communicator is gloo on the host, so the
+all-reduce never occupies the device.
 
-One thread per rank issues on the communicator (the engine, or the launcher), in step
-order; `ready()` issues strictly in order even if asked out of order.
+Contributions go out in step order; `ready()` issues strictly in order even if asked out
+of order.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """The communicators of one job plan, created once, in the same order on every rank, and
 warmed up in that order before training, so none is ever initialised lazily mid-run.
 
-P2P uses one communicator per direction of each pipeline link: "fwd/a>b" carries
-activations from a to b, "bwd/b>a" their gradients back. On each, one rank only sends and
-the other only receives, in the schedule's order, so receives can be posted ahead without
-ever queueing in front of a send on the same in-order NCCL stream (NVIDIA/nccl#479).
-Small control traffic (metrics, agreed decisions, barriers) goes on a gloo communicator
-over the whole world, which takes CPU tensors under any backend. The per-step gradient
-norm (gradnorm.py) has a gloo world communicator of its own, "norm": it is issued from
-another thread than the control traffic, and each communicator has one issuing thread.
+P2P uses one communicator per pipeline, "pipe/rR" (the ranks of replica R, one per
+stage): a run of adjacent transfers, which may go to both neighbours, is then one batch,
+which NCCL runs as one kernel, and the schedule validator proves those batches free of
+deadlock. Training, evaluation and warm-up transfers all ride on it, from the engine
+thread. Small control traffic (metrics, agreed decisions, barriers) goes on a gloo
+communicator over the whole world, which takes CPU tensors under any backend; the
+per-step gradient norm (gradnorm.py) has a gloo world communicator of its own, "norm", so
+that its host-side order is the engine's alone.
 """
 
 from __future__ import annotations
@@ -65,9 +65,8 @@ class Groups:
     dp: Communicator | None  # replicas of my stage (None when dp == 1)
     tie: Communicator | None  # the two ends of my pipeline, when their weights are tied
     hierarchy: Hierarchy | None  # where the plan reduces my stage hierarchically
-    p2p: dict[Op, tuple[Communicator, int]] = field(default_factory=dict)  # my transfer ops -> (comm, peer)
+    p2p: dict[Op, tuple[Communicator, int]] = field(default_factory=dict)  # my transfer ops -> (pipe, peer)
     norm: Communicator | None = None  # the whole world, for the global gradient norm
-    eval_p2p: dict[str, tuple[Communicator, int]] = field(default_factory=dict)  # "send"/"recv" -> (comm, peer)
 
     @property
     def layout(self):
@@ -81,7 +80,7 @@ class Groups:
     def communicators(self) -> list[Communicator]:
         """Every communicator this rank is a member of, in creation order."""
         every = [self.control, self.dp, self.tie, *(self.hierarchy.communicators() if self.hierarchy else []),
-                 *(c for c, _ in self.p2p.values()), self.norm, *(c for c, _ in self.eval_p2p.values())]
+                 *(c for c, _ in self.p2p.values()), self.norm]
         return list({id(c): c for c in every if c is not None}.values())
 
     def release(self) -> None:
@@ -92,13 +91,12 @@ class Groups:
             dist.destroy_process_group(c.group)
 
     def reduction_communicators(self) -> list[Communicator]:
-        """What the gradient reduction issues on (owned by its launcher thread)."""
+        """What the gradient reduction issues on."""
         return ([self.dp] if self.dp else []) + (self.hierarchy.communicators() if self.hierarchy else [])
 
 
-def make_groups(plan: JobPlan, device: torch.device, control: Communicator, evaluate: bool = False) -> Groups:
-    """Create every communicator of `plan` (collective: all ranks, same order); with
-    `evaluate`, also one per pipeline link for the evaluation pass's activations."""
+def make_groups(plan: JobPlan, device: torch.device, control: Communicator) -> Groups:
+    """Create every communicator of `plan` (collective: all ranks, same order)."""
     log, timeout, rank, L = control.log, control.timeout, dist.get_rank(), plan.layout
 
     def comm(name: str, members: list[int]) -> Communicator | None:
@@ -107,13 +105,14 @@ def make_groups(plan: JobPlan, device: torch.device, control: Communicator, eval
 
     stage, replica = L.coords(rank)
     dps = [comm(f"dp/s{s}", L.dp_group(s)) for s in range(L.pp)] if L.dp > 1 else []  # (every rank agrees)
+    pipes = [comm(f"pipe/r{r}", [L.rank(s, r) for s in range(L.pp)]) if L.pp > 1 else None for r in range(L.dp)]
     p2p: dict[Op, tuple[Communicator, int]] = {}
-    for a, b in L.p2p_pairs():  # a runs stage s, b stage s + 1
-        fwd, bwd = comm(f"fwd/{a}>{b}", [a, b]), comm(f"bwd/{b}>{a}", [a, b])
-        if rank == a:
-            p2p[Op.SF], p2p[Op.RB] = (fwd, b), (bwd, b)
-        elif rank == b:
-            p2p[Op.RF], p2p[Op.SB] = (fwd, a), (bwd, a)
+    if L.pp > 1:
+        pipe = pipes[replica]
+        if stage < L.pp - 1:
+            p2p[Op.SF] = p2p[Op.RB] = (pipe, L.rank(stage + 1, replica))
+        if stage > 0:
+            p2p[Op.RF] = p2p[Op.SB] = (pipe, L.rank(stage - 1, replica))
     ties = [comm(f"tie/{a}-{b}", [a, b]) for a, b in plan.tie_pairs()]
     hierarchy = None
     for s in plan.stages:  # every stage's sub-groups, by every rank, in stage order
@@ -123,13 +122,8 @@ def make_groups(plan: JobPlan, device: torch.device, control: Communicator, eval
     world = list(range(dist.get_world_size()))
     norm = Communicator("norm", world, dist.new_group(world, backend=gloo.backend("gloo")), torch.device("cpu"), log, timeout,
                         host=True)
-    eval_p2p: dict[str, tuple[Communicator, int]] = {}
-    for a, b in L.p2p_pairs() if evaluate else ():
-        c = comm(f"eval/{a}>{b}", [a, b])
-        if rank in (a, b):
-            eval_p2p["send" if rank == a else "recv"] = (c, b if rank == a else a)
     return Groups(plan, rank, stage, replica, control, dps[stage] if L.dp > 1 else None,
-                  next((t for t in ties if t is not None), None), hierarchy, p2p, norm, eval_p2p)
+                  next((t for t in ties if t is not None), None), hierarchy, p2p, norm)
 
 
 def _hierarchy(stage: int, ranks: list[int], plan: JobPlan, comm) -> Hierarchy | None:
@@ -147,24 +141,23 @@ def _hierarchy(stage: int, ranks: list[int], plan: JobPlan, comm) -> Hierarchy |
     return Hierarchy(locals_[node], leaders, by_node[node][0])
 
 
-def warm_up_reduction(g: Groups, device: torch.device) -> None:
-    """First op on each reduction communicator (NCCL creates a communicator at its first
-    op): called by the thread that will issue on them, before the pipeline's warm-up."""
+def warm_up(g: Groups, device: torch.device, activation_shape: tuple[int, ...], chunk_elems: int,
+            grad_dtype: torch.dtype) -> None:
+    """Every communicator's ops once, at the sizes training uses, so that NCCL sets up its
+    connections before the first step rather than inside it: the reductions (one chunk),
+    then each pipeline link forward and back as a chain from the first stage, never a
+    cycle, then the tie, then a barrier on the control communicator. Run by the engine
+    thread, in this order on every rank."""
     for c in g.reduction_communicators():
-        c.all_reduce(torch.ones(1, device=device)).wait()
-
-
-def warm_up_pipeline(g: Groups, device: torch.device) -> None:
-    """Each P2P direction once, previous link before next: along a pipeline this is a
-    chain, never a cycle. Then the tie, then a barrier on the control communicator."""
-    for op in (Op.RF, Op.SB, Op.SF, Op.RB):
-        if op in g.p2p:
-            comm, peer = g.p2p[op]
-            comm.p2p([("recv" if op in (Op.RF, Op.RB) else "send", torch.ones(1, device=device), peer)]).wait()
-    for way in ("recv", "send"):  # the evaluation links: the same chain
-        if way in g.eval_p2p:
-            comm, peer = g.eval_p2p[way]
-            comm.p2p([(way, torch.ones(1, device=device), peer)]).wait()
+        c.all_reduce(torch.zeros(max(chunk_elems, 1), device=device, dtype=grad_dtype)).wait()
+    act = lambda: torch.zeros(activation_shape, device=device)  # noqa: E731
+    for recv, send in ((Op.RF, Op.SF), (Op.RB, Op.SB)):
+        if recv in g.p2p:
+            comm, peer = g.p2p[recv]
+            comm.p2p([("recv", act(), peer)])[0].wait()
+        if send in g.p2p:
+            comm, peer = g.p2p[send]
+            comm.p2p([("send", act(), peer)])[0].wait()
     if g.tie is not None:
         g.tie.all_reduce(torch.ones(1, device=device)).wait()
     g.control.barrier()

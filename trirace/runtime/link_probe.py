@@ -49,12 +49,12 @@ def _pingpong(a: int, b: int, comm: Communicator, device, nbytes: int, reps: int
     for _ in range(reps):
         if me == a:
             t0 = time.perf_counter()
-            comm.p2p([("send", big, b)]).wait()
-            comm.p2p([("recv", ack, b)]).wait()
+            comm.p2p([("send", big, b)])[0].wait()
+            comm.p2p([("recv", ack, b)])[0].wait()
             best = min(best, time.perf_counter() - t0)
         elif me == b:
-            comm.p2p([("recv", big, a)]).wait()
-            comm.p2p([("send", ack, a)]).wait()
+            comm.p2p([("recv", big, a)])[0].wait()
+            comm.p2p([("send", ack, a)])[0].wait()
     return best
 
 

@@ -1,110 +1,76 @@
-"""P2P transfers between pipeline stages, on the per-direction communicators of groups.py.
+"""P2P transfers between pipeline stages, on the pipeline's communicator (groups.py).
 
-The engine thread issues every P2P op. The stage driver decides which receives are
-posted when (ahead of need for asynchronous policies; a group's own for blocking); each
-direction's communicator sees its ops in schedule order on both ends, which the schedule
-validator guarantees. Sends complete on a `Waiter` per direction, which releases the link
-the policy yields to; the engine waits only for data it needs. Both ends tell the driver
-when bytes crossed (the send's issue, a waited-for receive's arrival): what the trirace
-policy forecasts the next step's P2P from.
+The engine thread issues every P2P op: a run of adjacent transfers of the action list
+(`plan.schedule.p2p_groups`) is one batch, receives and sends together, which NCCL runs as
+one kernel. Nothing is posted ahead of its run, so the device never holds a receive in
+front of the kernels its peer waits for; the schedule validator proves the runs free of
+deadlock. The engine then waits for the run's receives, the data it needs next. Sends
+complete on a `Waiter` (asynchronous policies), which measures the link; blocking waits
+for them too.
 """
 
 from __future__ import annotations
 
 import time
+
 import torch
 
+from ..obs.timeline import Recorder
 from ..plan import Action, Op, Schedule
 from ..plan.transfers import Kind
-from .communicator import Handle, Waiter
+from .communicator import Communicator, Handle, Waiter
+from .stats import CommStats, LinkEstimates
 
-ARRIVED_S = 1e-3  # a wait shorter than this found the data already there
+RECEIVES = (Op.RF, Op.RB)
 
 
 class PipelineP2P:
-    def __init__(self, comm, activation_shape: tuple[int, ...]):
-        """`comm`: the stage's StageComm (runtime/stage_comm.py), which owns this part."""
-        self.c, self.shape = comm, activation_shape
-        self.sched: Schedule = comm.sched
-        self.posted: dict[Action, tuple[Handle, torch.Tensor, float]] = {}
-        self.blocking = comm.driver.policy.blocking
-        self.waiters = {op: Waiter(f"trirace-send-{op.value}") for op in (Op.SF, Op.SB)} if not self.blocking else {}
+    def __init__(self, schedule: Schedule, peers: dict[Op, tuple[Communicator, int]], links: dict[Op, str],
+                 activation_shape: tuple[int, ...], device: torch.device, blocking: bool, stats: CommStats,
+                 link_estimates: LinkEstimates, rec: Recorder):
+        """`peers`: each transfer op's communicator and peer rank; `links`: the link class
+        each crosses."""
+        self.sched, self.peers, self.links, self.shape, self.device = schedule, peers, links, activation_shape, device
+        self.blocking, self.stats, self.estimates, self.rec = blocking, stats, link_estimates, rec
+        self.waiter = None if blocking else Waiter("trirace-send")
 
-    def _link(self, op: Op) -> str:
-        _, peer = self.c.g.p2p[op]
-        return self.c.topo.link_between(self.c.g.rank, peer)
-
-    def post_ahead(self, group: list[Action] | None = None) -> None:
-        with self.c.cond:
-            todo = self.c.driver.recvs_to_post(group)
-        for a in todo:
-            comm, peer = self.c.g.p2p[a.op]
-            t = torch.empty(self.shape, device=self.c.device)
-            self.posted[a] = (comm.p2p([("recv", t, peer)]), t, self.c.rec.now())
-
-    def _send(self, a: Action, tensor: torch.Tensor) -> Handle:
-        comm, peer = self.c.g.p2p[a.op]
-        t0 = self.c.rec.now()
-        handle = comm.p2p([("send", tensor, peer)])
-        self.c.stats.add(self.sched.step_of(a.index), transfers=1)
-        nbytes = tensor.numel() * tensor.element_size()
-        link = self._link(a.op)
-        with self.c.cond:
-            self.c.driver.p2p_sent(a, link, nbytes, t0)
-        if not self.blocking:
-            def finished(a=a, t0=t0, nbytes=nbytes, link=link):
-                try:
-                    t1 = self.c.rec.now()
-                    self.c.rec.span("p2p send", str(a), t0, t1, bytes=nbytes)
-                    self.c.links.observe(link, nbytes, t1 - t0, self.c.rec)
-                finally:
-                    with self.c.cond:
-                        self.c.driver.p2p_send_done(link)
-                        self.c.cond.notify_all()
-            self.waiters[a.op].add(handle, finished, keep=tensor)
-        return handle
-
-    def exchange(self, group: list[Action], sends: list[tuple[Action, torch.Tensor]]) -> dict[Action, torch.Tensor]:
+    def exchange(self, group: list[Action], sends: dict[Action, torch.Tensor]) -> dict[Action, torch.Tensor]:
         """Run one group of adjacent P2P actions; return the received tensors."""
-        recvs = [a for a in group if a.op in (Op.RF, Op.RB)]
         step = self.sched.step_of(group[0].index)
-        if self.blocking:  # this group's receives, its sends, and wait for all of them here
-            self.post_ahead(group)
-            handles = [self._send(a, t) for a, t in sends]
-            t0 = time.perf_counter()
-            for h in handles:
+        comm = self.peers[group[0].op][0]
+        ops, received = [], {}
+        for a in group:
+            peer_comm, peer = self.peers[a.op]
+            assert peer_comm is comm, "a run's transfers share the pipeline's communicator"
+            if a.op in RECEIVES:
+                received[a] = torch.empty(self.shape, device=self.device)
+                ops.append(("recv", received[a], peer))
+            else:
+                ops.append(("send", sends[a], peer))
+        t0, issued = time.perf_counter(), self.rec.now()
+        handles = comm.p2p(ops)
+        self.stats.add(step, transfers=len(group))
+        for a, h in zip(group, handles):
+            if a.op not in RECEIVES and not self.blocking:
+                self.waiter.add(h, self._sent(a, issued, sends[a]), keep=sends[a])
+        for a, h in zip(group, handles):
+            if a.op in RECEIVES or self.blocking:
                 h.wait()
-            out = {a: self._wait_recv(a) for a in recvs}
-            self.c.stats.add(step, kind=Kind.P2P.value, exposed_s=time.perf_counter() - t0)
-            return out
-        for a, t in sends:
-            self._send(a, t)
-        return {a: self._wait_recv(a) for a in recvs}
+        now = self.rec.now()
+        for a in received:
+            self.rec.span("p2p recv", str(a), issued, now, waited_s=time.perf_counter() - t0)
+        self.stats.add(step, kind=Kind.P2P.value, exposed_s=time.perf_counter() - t0)
+        return received
 
-    def _wait_recv(self, a: Action) -> torch.Tensor:
-        handle, t, posted_at = self.posted.pop(a)
-        t0 = time.perf_counter()
-        handle.wait()
-        t1 = time.perf_counter()
-        # Waiting is not a busy link (the upstream may still be computing); the forecast
-        # learns when the bytes crossed, if the wait says so.
-        with self.c.cond:
-            self.c.driver.p2p_arrived(a, self._link(a.op), t.numel() * t.element_size(), t1,
-                                      waited=t1 - t0 > ARRIVED_S)
-            self.c.driver.received(a)
-            self.c.cond.notify_all()
-        step = self.sched.step_of(a.index)
-        if not self.blocking:
-            self.c.stats.add(step, kind=Kind.P2P.value, exposed_s=time.perf_counter() - t0)
-            self.post_ahead()
-        self.c.stats.add(step, transfers=1)
-        self.c.rec.span("p2p recv", str(a), max(posted_at, t0), self.c.rec.now(), waited_s=time.perf_counter() - t0)
-        return t
+    def _sent(self, a: Action, t0: float, tensor: torch.Tensor):
+        nbytes = tensor.numel() * tensor.element_size()
+
+        def finished():
+            t1 = self.rec.now()
+            self.rec.span("p2p send", str(a), t0, t1, bytes=nbytes)
+            self.estimates.observe(self.links[a.op], nbytes, t1 - t0, self.rec)
+        return finished
 
     def close(self, failed: bool) -> None:
-        if failed:
-            return
-        for w in self.waiters.values():
-            w.close()
-        for handle, _, _ in self.posted.values():  # nothing should be left; never leave a handle unwaited
-            handle.wait()
+        if not failed and self.waiter is not None:
+            self.waiter.close()

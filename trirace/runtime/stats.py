@@ -32,7 +32,7 @@ class LinkEstimates:
 class CommStats:
     """Counters per step: the step a transfer's data belongs to, not the wall-clock window,
     so the last steps of a 2BW run (whose updates run back to back) still own their transfers.
-    Written from the engine, the launcher and the waiters, hence the lock."""
+    Written from the engine and the waiters, hence the lock."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -41,11 +41,10 @@ class CommStats:
     @staticmethod
     def _fresh() -> dict:
         return {"exposed": defaultdict(float), "transfers": 0, "cpu_s": 0.0, "embedding_bytes": 0.0,
-                "embedding_method": None, "early_chunks": 0}
+                "embedding_method": None}
 
     def add(self, step: int, *, kind: str | None = None, exposed_s: float = 0.0, transfers: int = 0,
-            cpu_s: float = 0.0, embedding_bytes: float = 0.0, embedding_method: str | None = None,
-            early_chunks: int = 0) -> None:
+            cpu_s: float = 0.0, embedding_bytes: float = 0.0, embedding_method: str | None = None) -> None:
         with self._lock:
             st = self._steps[step]
             if kind is not None:
@@ -54,7 +53,6 @@ class CommStats:
             st["cpu_s"] += cpu_s
             st["embedding_bytes"] += embedding_bytes
             st["embedding_method"] = embedding_method or st["embedding_method"]
-            st["early_chunks"] += early_chunks
 
     def take(self, step: int) -> dict:
         with self._lock:

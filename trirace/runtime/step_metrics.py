@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from ..plan import Op
 from ..policy.policies import MiB
 from ..config import TrainConfig
 from ..obs.memory import peak_rss_mb, rss_mb
@@ -27,10 +28,11 @@ class StepMetrics:
     hold the pipeline back."""
 
     FIELDS = ("loss", "exposed_p2p_s", "exposed_allreduce_s", "exposed_sparse_s", "compute_s", "transfers",
-              "comm_cpu_s", "step_time_s", "embedding_bytes", "embedding_method", "early_chunks", "val_loss_sum",
+              "comm_cpu_s", "step_time_s", "embedding_bytes", "embedding_method", "val_loss_sum",
               "val_count", "grad_norm", "lr", "skipped")
     # per-rank figures: each rank fills its own slot of each (a sum of them is a gather)
-    PER_RANK = ("compute_cpu", "tied", "rss", "peak_rss", "process_cpu", "engine_cpu", "wakeups")
+    PER_RANK = ("compute_cpu", "tied", "rss", "peak_rss", "process_cpu", "engine_cpu", "wakeups",
+                "F_s", "B_s", "OPT_s")  # the last three: mean seconds per action of that kind
     METHODS = ("dense", "allgather", "alltoall")  # embedding_method is sent as 1 + its index
     LAG = 2
 
@@ -68,12 +70,14 @@ class StepMetrics:
         vec = torch.zeros(nf + len(self.PER_RANK) * world, dtype=torch.float64)
         vec[:nf] = torch.tensor([loss, exposed.get("p2p", 0.0), exposed.get("allreduce", 0.0),
                                  exposed.get("sparse", 0.0), rec.compute_s, float(transfers), cpu_s,
-                                 window, st["embedding_bytes"], method, st["early_chunks"], rec.val_loss_sum,
+                                 window, st["embedding_bytes"], method, rec.val_loss_sum,
                                  float(rec.val_count), 0.0, 0.0, 0.0],
                                 dtype=torch.float64)
         if self.g.is_reporter:  # the same on every rank: one writes them
             vec[nf - 3:nf] = torch.tensor([rec.grad_norm, rec.lr, float(rec.skipped)], dtype=torch.float64)
         mine = {"compute_cpu": rec.compute_cpu_s, "rss": rss_mb(), "peak_rss": peak_rss_mb()}
+        for op, (seconds, count) in rec.op_s.items():
+            mine[f"{op}_s"] = seconds / count
         if self.model.tied is not None:
             mine["tied"] = self.model.checksum(rec.step + 1, self.model.tied)
         cpu = (time.process_time(), time.thread_time())
@@ -102,10 +106,14 @@ class StepMetrics:
         world = self.cfg.world_size
         v = dict(zip(self.FIELDS, vec.tolist()))
         nf = len(self.FIELDS)
-        compute_cpu, tied, rss, peak_rss, process_cpu, engine_cpu, wakeups = (
+        compute_cpu, tied, rss, peak_rss, process_cpu, engine_cpu, wakeups, *per_op = (
             vec[nf + i * world:nf + (i + 1) * world].tolist() for i in range(len(self.PER_RANK)))
-        if self.comm.tuner:  # the same numbers on every rank: the same decision everywhere
+        # The same numbers on every rank: the same decisions everywhere.
+        if self.comm.tuner:
             self.comm.tuner.observe(step, v["step_time_s"] / world)
+        replicas = self.g.plan.stages[self.g.stage].ranks  # the slowest replica of my stage
+        self.comm.observe_compute(step, {op: max(times[r] for r in replicas)
+                                         for op, times in zip((Op.F, Op.B, Op.OPT), per_op)})
         if self.report is None:
             return
         row = {"loss": v["loss"] / self.cfg.parallel.dp,  # only last-stage ranks contribute a loss
@@ -144,7 +152,6 @@ class StepMetrics:
         row["partition"] = self.sizes
         row["rank_order"] = self.g.layout.order
         row["transfers"] = int(v["transfers"])
-        row["chunks_ready_early"] = int(v["early_chunks"])  # readied by gradient hooks while backward ran
         row["hierarchical_allreduce"] = self.g.hierarchy is not None
         p = self.comm.policy_for(step)
         row["partition_mb"] = p.partition_bytes / MiB if p.partition_bytes else None

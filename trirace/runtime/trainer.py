@@ -92,7 +92,7 @@ class Trainer:
         self.plan: JobPlan = plan_job(cfg, topology, lambda: times, steps=cfg.steps - self.first_step)
         self.schedule = self.plan.schedule
         self.sizes = list(self.plan.partition)
-        self.groups: Groups = make_groups(self.plan, self.device, self.control, evaluate=cfg.data.eval_every > 0)
+        self.groups: Groups = make_groups(self.plan, self.device, self.control)
         self._announce(topology)
         self.model = self._build_stage()
         if found is not None:

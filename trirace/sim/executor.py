@@ -1,19 +1,17 @@
-"""The simulated executor: the same action lists, policies and CommScheduler as the
+"""The simulated executor: the same action lists, policies and launch plan as the
 runtime, run against a clock instead of processes.
 
 Each stage has one representative rank (sim/fabric.py folds its replicas into it), or,
-unfolded, one rank per replica whose collectives meet in a shared group. A rank
-walks its actions in `p2p_groups`, as runtime/engine.py does, and drives its
-CommScheduler at the same points runtime/stage_comm.py does: chunks enqueued when the step's
-last backward begins, ready as that backward finishes their parameters (layer by layer),
-`p2p_sent`/`p2p_send_done` around sends, `p2p_arrived` when a receive is seen complete,
-`deadline` at AR, and `launches` after every event and at the driver's wake time. Those
-calls go through the same `StageDriver` (policy/driver.py) the runtime's threads call, so
-the two cannot decide differently. What
-the runtime's threads and gloo do is mirrored too: receives are posted as the driver says,
-a transfer moves once both ends are posted, asynchronous
+unfolded, one rank per replica whose collectives meet in a shared group. A rank walks the
+units of its action list (`p2p_groups`) as runtime/engine.py does and calls the same
+`StageDriver` (policy/driver.py) at the same units: `backward_begins` at a step's last
+backward places its chunks, `launches_after` after every unit launches them, `deadline`
+at AR launches the rest, and `observe_compute` after OPT feeds the compute figures of two
+steps before, as the runtime's lagged metrics do. So the two cannot decide differently.
+What the runtime's engine and gloo do is mirrored too: a run of transfers posts its
+receives with its sends, a transfer moves once both ends are posted, asynchronous
 all-reduces queue on the group's `collective_streams` workers, while sparse exchanges and
-hierarchical all-reduces run on the launcher itself and hold it until they end.
+hierarchical all-reduces hold the engine until they end.
 Every OPT waits for the step's global gradient norm (runtime/gradnorm.py): a world-wide
 all-reduce to which each rank contributes once its gradient of the step is summed over its
 replicas, so no stage updates before every stage has reduced.
@@ -66,7 +64,7 @@ class StageWork:
     numels: list[int]
     policy: Policy
     collective: Callable[[Chunk], list[Phase]]  # how a chunk crosses the network
-    inline: Callable[[Chunk], bool]  # does the launcher run this chunk itself (and wait)?
+    inline: Callable[[Chunk], bool]  # does the engine run this chunk to completion where it launches it?
     sparse_param: int | None = None
     grad_elem_size: int = 4  # bytes per gradient value on the wire (2 with --grad-comm-dtype bf16)
 
@@ -134,28 +132,29 @@ class _Rank:
                      if 0 <= peer_stage(stage, op) < sim.schedule.n_stages}
         self.driver = StageDriver(self.policy, self.work.numels, link, sim.schedule.actions[stage],
                                   reduces=self.has_dp, sparse_param=self.work.sparse_param,
-                                  micro_batches=sim.schedule.micro_batches, p2p_links=p2p_links,
-                                  link_bytes_per_s=topo.rates(),
+                                  p2p_links=p2p_links, link_bytes_per_s=topo.rates(),
                                   group_size=layout.dp, elem_size=self.work.grad_elem_size)
-        self.wake: float | None = None  # a kick already scheduled for the driver's wake time
         self.group = sim.groups[stage]
-        self.launcher_busy = False
-        self.launch_queue: deque[Chunk] = deque()
+        self.to_launch: deque[Chunk] = deque()  # chunks the plan puts after the unit just done
+        self.inline: Chunk | None = None  # a chunk the engine runs to completion itself
         self.waiting: Callable[[], bool] | None = None  # the condition the engine is blocked on
         self.wait_since = 0.0
         self.in_flight_mb = 0
         self.peak_in_flight = 0
+        self.op_s: dict[int, dict[Op, list[float]]] = {}  # step -> op -> [seconds, count]
         self.rec = Recorder(self.rank, enabled=sim.record)
         self.norm_next = 0  # the next step whose norm contribution this rank issues (in order)
         self.norm_final: set[int] = set()  # steps whose gradient is final here, not yet issued
-        if not self.policy.blocking:
-            self._post_recvs()
 
     # ------------------------------------------------------------ engine
 
     def advance(self) -> None:
-        """Run actions until one has to wait (for a computation, a transfer or a reduction)."""
-        while self.waiting is None and self.pc < len(self.groups):
+        """Run units until one has to wait (for a computation, a transfer or a reduction),
+        launching after each the chunks the plan puts there, as runtime/engine.py does."""
+        while self.waiting is None and self.inline is None and (self.to_launch or self.pc < len(self.groups)):
+            if self.to_launch:
+                self._launch(self.to_launch.popleft())
+                continue
             group = self.groups[self.pc]
             a = group[0]
             if a.op.is_p2p:
@@ -171,7 +170,11 @@ class _Rank:
             else:  # OPT, after the tied weight's reduction where there is one
                 self._update(a)
             if self.waiting is None:
-                self.pc += 1
+                self._unit_done()
+
+    def _unit_done(self) -> None:
+        self.to_launch.extend(self.driver.launches_after(self.pc))
+        self.pc += 1
 
     def _update(self, a: Action) -> None:
         """OPT: after the tied weight's reduction where there is one, then the step's global
@@ -181,7 +184,7 @@ class _Rank:
         def arrived() -> bool:
             return step in sim.norm_done and (not sim.ties(self.stage) or (self.replica, step) in sim.tie_done)
         if arrived():
-            self._compute(a, self.work.optimizer_s)
+            self._compute(a, self.work.optimizer_s, lambda: self._observe(step))
             return
         t0 = sim.now
 
@@ -190,9 +193,21 @@ class _Rank:
                 return False
             self.stats(step).exposed["allreduce"] += sim.now - t0
             self.waiting = None
-            self._compute(a, self.work.optimizer_s)
+            self._compute(a, self.work.optimizer_s, lambda: self._observe(step))
             return self.waiting is None  # done at once (a zero-second update)
         self._block(ready)
+
+    def _observe(self, step: int) -> None:
+        """After OPT `step`, the compute figures of step `step - 2` reach the driver, slowest
+        replica of the stage first, as the runtime's lagged metrics all-reduce delivers them."""
+        old = step - 2
+        peers = [self.sim.rank_at[(self.stage, r)] for r in range(self.sim.fabric.replicas)]
+        figures = [p.op_s.get(old) for p in peers]
+        if old < 0 or any(f is None for f in figures):
+            return
+        self.driver.observe_compute(old, {op: max(f[op][0] / f[op][1] for f in figures if op in f)
+                                          for op in (Op.F, Op.B, Op.OPT) if any(op in f for f in figures)})
+        self.op_s.pop(old - 4, None)  # every replica is past it
 
     def _gradient_final(self, step: int) -> None:
         """This rank's gradient of `step` is summed over its replicas: its norm contribution
@@ -213,7 +228,7 @@ class _Rank:
         """Called after any event touching this rank: continue if what it waits for is there."""
         if self.waiting is not None and self.waiting():
             self.waiting = None
-            self.pc += 1
+            self._unit_done()
             self.advance()
 
     def _compute(self, a: Action, seconds: float, then: Callable[[], None] | None = None) -> None:
@@ -223,6 +238,9 @@ class _Rank:
         def done():
             box["done"] = True
             self.rec.span("compute", str(a), t0, self.sim.now)
+            spent = self.op_s.setdefault(self.sim.schedule.step_of_action(a), {}).setdefault(a.op, [0.0, 0])
+            spent[0] += self.sim.now - t0
+            spent[1] += 1
             if a.op is Op.OPT:
                 st = self.stats(a.index)
                 st.end = self.sim.now
@@ -237,46 +255,23 @@ class _Rank:
         step = self.sim.schedule.step_of(a.index)
         last = (a.index + 1) % self.sim.schedule.micro_batches == 0
         self.in_flight_mb -= 1
-        if not (self.driver.reduces and last):
-            final = (lambda: self._gradient_final(step)) if last and not self.has_dp else None
-            self._compute(a, sum(self.work.backward_s), final)
-            return
-        self.driver.backward_begins(step)
-        t0 = self.sim.now
-        layers = list(zip(self.work.backward_s, self.work.backward_params))
-        box = {"done": False}
-
-        def layer(i: int) -> None:
-            if i > 0:
-                self.driver.params_ready(step, *layers[i - 1][1])
-                self.kick()
-            if i == len(layers):
-                self.driver.backward_ends(step)
-                self.kick()
-                box["done"] = True
-                self.rec.span("compute", str(a), t0, self.sim.now)
-                self.resume()
-                return
-            self.sim.run_compute(self.compute_cls, layers[i][0], lambda: layer(i + 1), self.duration)
-        self._block(lambda: box["done"])
-        layer(0)
+        if last and self.driver.reduces:
+            self.driver.backward_begins(step, self.pc)
+        final = (lambda: self._gradient_final(step)) if last and not self.has_dp else None
+        self._compute(a, sum(self.work.backward_s), final)
 
     # ------------------------------------------------------------ P2P
 
-    def _post_recvs(self, group: list[Action] | None = None) -> None:
-        for a in self.driver.recvs_to_post(group):
-            self.sim.p2p_posted(self, a)
-
     def _exchange(self, group: list[Action]) -> None:
+        """One batch: the run's receives are posted with its sends; the engine waits for
+        the receives (and, blocking, for the sends)."""
         sim = self.sim
         recvs = [a for a in group if a.op in (Op.RF, Op.RB)]
         sends = [a for a in group if a.op in (Op.SF, Op.SB)]
-        if self.policy.blocking:
-            self._post_recvs(group)
+        for a in recvs:
+            sim.p2p_posted(self, a)
         msgs = [sim.p2p_send(self, a) for a in sends]
-        # (stage waiting on a receive is not a busy link: the upstream may still compute)
         waits = [(a, sim.message_for_recv(self, a)) for a in recvs]
-        already = {a for a, m in waits if m.delivered}
         t0 = sim.now
         step = sim.schedule.step_of_action(group[0])
 
@@ -286,36 +281,13 @@ class _Rank:
             if self.policy.blocking and not all(m.released for m in msgs):
                 return False
             for a, m in waits:
-                link = sim.link_of(self.stage, m.src, self.replica)
-                self.driver.p2p_arrived(a, link, sim.activation_bytes, sim.now, waited=a not in already)
-                self.driver.received(a)
                 self.rec.span("p2p recv", str(a), max(m.posted_at, t0), sim.now, waited_s=sim.now - t0)
             self.stats(step).exposed["p2p"] += sim.now - t0
-            if not self.policy.blocking:
-                self._post_recvs()
-                self.kick()
             return True
         if not complete():
             self._block(complete)
 
     # ------------------------------------------------------------ gradient reduction
-
-    def kick(self) -> None:
-        """The launcher thread's loop: take what the policy admits and launch it in order."""
-        while not self.launcher_busy:
-            if self.driver.summed(self.norm_next):  # as the runtime's launcher: that step's norm goes first
-                self._gradient_final(self.norm_next)
-                continue
-            if not self.launch_queue:
-                self.launch_queue.extend(self.driver.launches(self.sim.now))
-                if not self.launch_queue:
-                    wake = self.driver.wake_at()
-                    if wake is not None and wake != self.wake:  # as the runtime's timed wait
-                        self.wake = wake
-                        self.sim.at(max(wake, self.sim.now), self.kick)
-                    return
-            c = self.launch_queue.popleft()
-            self._launch(c)
 
     def _run_chunk(self, c: Chunk, then: Callable[[], None]) -> None:
         """Submit `c` to the group; when it is done, record it and call `then`."""
@@ -323,20 +295,22 @@ class _Rank:
 
         def done():
             self.rec.span("sparse" if c.kind is Kind.SPARSE else "allreduce", c.name, t0, self.sim.now, bytes=c.nbytes)
-            self.driver.chunk_done(c, self.sim.now)
+            self.driver.chunk_done(c)
             then()
         self.group.submit(self.replica, c.name, self.work.collective(c), done)
 
     def _launch(self, c: Chunk) -> None:
-        inline = self.work.inline(c)
+        """The engine launches `c`; a sparse exchange or a hierarchical all-reduce holds it
+        until it ends."""
+        if not self.work.inline(c):
+            self._run_chunk(c, self.resume)
+            return
+        self.inline = c
 
         def done():
-            if inline:
-                self.launcher_busy = False
-            self.kick()
+            self.inline = None
             self.resume()
-        if inline:
-            self.launcher_busy = True
+            self.advance()
         self._run_chunk(c, done)
 
     def _reduce(self, step: int) -> None:
@@ -345,33 +319,26 @@ class _Rank:
             return
         sim = self.sim
         t0 = sim.now
-        if self.policy.blocking:  # each chunk to completion, in order, right here
-            todo = deque(self.driver.plan(step))
+        todo = deque(self.driver.plan(step) if self.policy.blocking else self.driver.deadline(step))
 
-            def next_chunk():
-                if todo:
-                    self._run_chunk(todo.popleft(), next_chunk)
-                else:
-                    self.resume()
-        else:
-            self.driver.deadline(step, sim.now)
-            self.kick()
+        def next_chunk():  # blocking: each to completion, in order; otherwise inline ones hold the engine
+            while todo:
+                c = todo.popleft()
+                if self.policy.blocking or self.work.inline(c):
+                    self._run_chunk(c, lambda: (next_chunk(), self.resume()))
+                    return
+                self._run_chunk(c, self.resume)
 
         def complete() -> bool:
-            if not self.driver.reduced(step):
+            if todo or not self.driver.reduced(step):
                 return False
-            if self.policy.blocking:
-                self._gradient_final(step)
-            elif self.norm_next <= step:  # the launcher issues the step's norm before AR ends
-                return False
+            self._gradient_final(step)
             _, kind = self.driver.close_step(step)
             self.stats(step).exposed[kind.value] += sim.now - t0
             sim.tie_arrive(self, step)
             return True
-        if self.policy.blocking:
-            self._block(complete)
-            next_chunk()
-        elif not complete():
+        next_chunk()
+        if not complete():
             self._block(complete)
 
 
@@ -589,9 +556,6 @@ class Simulation:
         key = self._key(sender, a)
         msg = self._message(key)
         msg.sent_at = self.now
-        link = self.link_of(sender.stage, peer_stage(sender.stage, a.op), sender.replica)
-        sender.driver.p2p_sent(a, link, self.activation_bytes, self.now)
-        msg.on_released.append(lambda: sender.driver.p2p_send_done(link))
         self._maybe_move(key, msg)
         return msg
 
@@ -611,7 +575,6 @@ class Simulation:
             for cb in msg.on_released:
                 cb()
             if buffered > 0:
-                sender.kick()
                 sender.resume()
                 self.transfer([Phase(cls, buffered, 0.0, messages=0)], delivered)
             else:
@@ -622,7 +585,6 @@ class Simulation:
             sender.rec.span("p2p send", f"{'SF' if direction == 'fwd' else 'SB'}{k}", t0, self.now,
                             bytes=self.activation_bytes)
             for r in (sender, receiver):
-                r.kick()
                 r.resume()
         # the sender's send returns once what is left fits its buffers; the bytes arrive later
         self.transfer([Phase(cls, self.activation_bytes - buffered, lat)], released)
