@@ -1,7 +1,8 @@
-"""A real run's comm log replayed under the strict device model: a 2x1 2bw trirace job
-still deadlocks on a device through the receives it posts ahead, while gloo (and the
-per-communicator model) forgive it. The log also shows what only a device cares about:
-host reads, compute, dtypes."""
+"""A real run's comm log replayed under the strict device model: a 2x1 2bw trirace job is
+clean, and the engine it replaced (receives posted ahead of the sends their peer needs
+first, a device sync after every compute action), planted into the same log, deadlocks
+there while gloo's per-communicator model forgives it. The log also shows what only a
+device cares about: host reads, compute, dtypes."""
 
 from __future__ import annotations
 
@@ -83,22 +84,45 @@ def _planted_syncs(src: Path, dst: Path) -> Path:
     return dst
 
 
-def test_a_device_sync_after_compute_deadlocks_and_the_posted_receives_still_do(log_2x1, tmp_path):
-    """A sync after compute waits for every stream of the device, the receives stage 0
-    posted ahead (driver.RECV_AHEAD) included; they wait for stage 1's backward, which waits
-    for F0's activations, which stage 0 sends only after the sync. The engine times compute
-    without that sync now, but the posted receives alone still close a cycle on the device:
-    this passes with a clean report once each receive is batched with, or launched after,
-    the send that precedes it in the schedule (issue 51, item 1)."""
-    report = check(_planted_syncs(log_2x1, tmp_path / "synced"))
+def _posted_ahead(src: Path, dst: Path) -> Path:
+    """The log as an engine that posts stage 0's first backward receive ahead, before its
+    first forward, would have written it: RB0 leaves its run and becomes a batch of its
+    own in front of F0."""
+    dst.mkdir()
+    for f in src.glob("rank-*.jsonl"):
+        rows = [json.loads(line) for line in f.read_text().splitlines()]
+        if f.name == "rank-0.jsonl":
+            first = next(i for i, r in enumerate(rows) if r.get("op") == "compute")  # F0, after the warm-up
+            recv = next(i for i, r in enumerate(rows) if r.get("op") == "recv" and i > first)
+            row = rows.pop(recv)
+            row["batch"] = row["seq"]
+            rows.insert(first, row)
+            new = {r["seq"]: i for i, r in enumerate(r for r in rows if "seq" in r)}
+            for r in rows:
+                for key in ("seq", "batch"):
+                    if key in r:
+                        r[key] = new[r[key]]
+                for key in ("waits", "after"):
+                    if key in r:
+                        r[key] = [new[x] for x in r[key]]
+        (dst / f.name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return dst
+
+
+def test_the_log_is_clean_and_the_old_engine_planted_into_it_deadlocks(log_2x1, tmp_path):
+    """Clean under the strict model; with a receive posted ahead, the device holds it in
+    front of F0 and SF0, which stage 1 needs before it can send what the receive waits for;
+    with a sync after every compute action too, the sync waits for that receive."""
+    assert check(log_2x1).ok, check(log_2x1).summary()
+
+    ahead = _posted_ahead(log_2x1, tmp_path / "ahead")
+    # On one communicator per pipeline even NCCL's in-order stream per communicator holds
+    # the receive in front of the send (gloo, which matches by peer and tag, forgives it).
+    assert not check(ahead, model="streams").ok
+    message = check(ahead).findings[0].message
+    assert message.startswith("ranks 0, 1 wait on each other: rank 0's recv from 1 on pipe/r0 (seq "), message
+
+    report = check(_planted_syncs(ahead, tmp_path / "synced"))
     assert [f.kind for f in report.findings] == ["deadlock"], report.findings
     message = report.findings[0].message
-    assert message.startswith("ranks 0, 1 wait on each other: rank 0 MainThread syncs the device (seq ")
-    assert ", after F0) for F0 (seq " in message
-    assert "which is behind recv from 1 on bwd/1>0 (seq " in message
-
-    assert check(log_2x1, model="streams").ok  # what gloo checks per communicator: nothing wrong
-
-    message = check(log_2x1).findings[0].message
-    assert message.startswith("ranks 0, 1 wait on each other: rank 0's recv from 1 on bwd/1>0 (seq ")
-    assert "rank 0's send to 1 on fwd/0>1 (seq " in message and "which is behind recv from 1 on bwd/1>0" in message
+    assert "syncs the device" in message and "which is behind recv from 1 on pipe/r0 (seq " in message, message

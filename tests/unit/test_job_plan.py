@@ -1,17 +1,15 @@
 """The job plan: one pure function whose decisions both executors carry out."""
 
-import gc
 import json
-import types
-import weakref
 
 import pytest
 import torch
 
 from trirace.cli import main
-from trirace.policy.driver import RECV_AHEAD, StageDriver
+from trirace.policy.driver import StageDriver
 from trirace.config import make_config
-from trirace.plan import Op
+from trirace.plan import Action, Op
+from trirace.plan.schedule import p2p_groups
 from trirace.plan.planner import plan_job
 from trirace.plan.topology import Link, Topology, single_node
 from trirace.runtime.stage import StageModel
@@ -39,28 +37,6 @@ def _two_level(nodes: int, per_node: int) -> Topology:
     return Topology(nodes, per_node, Link(100e9, 2e-6), Link(1e9, 50e-6))
 
 
-def test_a_stages_gradient_hooks_do_not_outlive_its_job():
-    # The callback's owner holds the model, as the runtime's Reduction does. A tensor's hooks
-    # are held from C++, out of the collector's sight: only removing them frees the model.
-    cfg = make_config({"model": "gpt-test", "pp": 2, "partition": [4, 3]})
-
-    def job():
-        model = StageModel(cfg.spec, range(0, 4), 0, 2, "adam", 1e-3, torch.device("cpu"))
-        owner = types.SimpleNamespace(model=model, ready=[])
-        unhook = model.on_grad_ready(lambda slot, i: owner.ready.append((slot, i)))
-        model.module(0)(torch.randint(0, cfg.spec.vocab_size, (2, 16))).sum().backward()
-        assert (0, 0) in owner.ready and all(slot == 0 for slot, _ in owner.ready)
-        return weakref.ref(model), unhook
-
-    kept, _ = job()
-    gc.collect()
-    assert kept() is not None  # hooks left in place: the cycle survives collection
-    freed, unhook = job()
-    unhook()
-    gc.collect()
-    assert freed() is None
-
-
 def test_hierarchy_and_chunks_are_the_policys_decision():
     cfg = make_config(QUICK, model="gpt-tiny", pp=2, dp=4, rank_order="dp-inner")
     topo = _two_level(4, 2)
@@ -86,27 +62,22 @@ def test_the_simulator_runs_the_plan():
     assert res.hierarchical == [s.hierarchical for s in plan.stages]
 
 
-def test_driver_posts_receives_ahead_and_readies_chunks_as_parameters_finish():
+def test_driver_launches_chunks_at_the_units_the_plan_gives_them():
+    """fifo: every chunk right after the step's last backward (and the transfer run that
+    follows it), none before; AR gets nothing left; the step closes once all are done."""
     cfg = make_config(QUICK, model="gpt-test", pp=2, dp=2, steps=2, comm_policy="fifo", partition_mb=0.01)
     plan = plan_job(cfg, single_node(4))
     st = plan.stages[1]
     d = StageDriver(st.policy, list(st.numels), "intra", plan.schedule.actions[1], reduces=True)
-    first = d.recvs_to_post()
-    assert len(first) == RECV_AHEAD and all(a.op is Op.RF for a in first)
-    assert d.recvs_to_post() == []  # the window is full
-    d.received(first[0])
-    assert len(d.recvs_to_post()) == 1
-    d.backward_begins(0)
+    units = p2p_groups(plan.schedule.actions[1])
+    last_b = next(u for u, g in enumerate(units) if g[0] == Action(Op.B, cfg.parallel.micro_batches - 1))
+    assert all(d.launches_after(u) == [] for u in range(last_b))
+    d.backward_begins(0, last_b)
     chunks = d.plan(0)
-    assert len(chunks) > 2 and d.launches() == []  # nothing final yet
-    n = len(st.numels)
-    assert d.params_ready(0, n - 1, n)  # "ready" order: the last parameter's chunks go first
-    early = d.launches()
-    assert early == chunks[:len(early)] and len(early) < len(chunks)
-    assert all(c.params == (n - 1, n) for c in early)
-    d.backward_ends(0)
-    d.deadline(0)
-    assert d.launches() == chunks[len(early):]
+    assert len(chunks) > 2
+    assert d.launches_after(last_b) == []  # the backward's send to stage 0 leaves first
+    assert units[last_b + 1][0].op is Op.SB and d.launches_after(last_b + 1) == chunks
+    assert d.deadline(0) == []
     for c in chunks:
         assert not d.reduced(0)
         d.chunk_done(c)

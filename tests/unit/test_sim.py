@@ -114,12 +114,13 @@ def test_ring_allreduce_time_is_the_alpha_beta_formula(n):
 
 
 def _critical_path(sched, fwd: list[float], bwd: list[float], opt: list[float]) -> float:
-    """Longest path through the schedule's compute with free transfers: each action waits
-    for the previous one on its stage and for its producer on the neighbour stage, and an
+    """Longest path through the schedule with free transfers: each action waits for the
+    previous one on its stage, a receive for its send's place in the sender's list, and an
     OPT for the step's last backward on every stage (the global norm's contributions)."""
+    partner = {Op.RF: (-1, Op.SF), Op.RB: (1, Op.SB)}
     done: dict[tuple[int, Op, int], float] = {}
     pos = [0] * sched.n_stages
-    acts = [[a for a in acts if a.op in (Op.F, Op.B, Op.OPT)] for acts in sched.actions]
+    acts = [[a for a in acts if a.op is not Op.AR] for acts in sched.actions]
     clock = [0.0] * sched.n_stages
     progress = True
     while progress:
@@ -130,14 +131,14 @@ def _critical_path(sched, fwd: list[float], bwd: list[float], opt: list[float]) 
                 if a.op is Op.OPT:
                     last = (a.index + 1) * sched.micro_batches - 1
                     deps = [(t, Op.B, last) for t in range(sched.n_stages)]
-                elif a.op is Op.F:
-                    deps = [(s - 1, Op.F, a.index)] if s > 0 else []
+                elif a.op in partner:
+                    deps = [(s + partner[a.op][0], partner[a.op][1], a.index)]
                 else:
-                    deps = [(s + 1, Op.B, a.index)] if s < sched.n_stages - 1 else []
+                    deps = []
                 if any(dep not in done for dep in deps):
                     break
                 start = max([clock[s]] + [done[dep] for dep in deps])
-                dur = {Op.F: fwd[s], Op.B: bwd[s], Op.OPT: opt[s]}[a.op]
+                dur = {Op.F: fwd[s], Op.B: bwd[s], Op.OPT: opt[s]}.get(a.op, 0.0)
                 clock[s] = done[(s, a.op, a.index)] = start + dur
                 pos[s] += 1
                 progress = True
@@ -225,7 +226,9 @@ def test_a_1024_gpu_job_simulates_with_8_representative_ranks():
 
 
 def test_hierarchical_allreduce_is_used_where_it_pays():
-    cfg = make_config({"model": "gpt-test", "pp": 1, "dp": 8, "micro_batches": 2, "steps": 6, "data": "synthetic"})
+    # 1f1b: each step's reduction is due right after its backward, so what it costs shows
+    cfg = make_config({"model": "gpt-test", "pp": 1, "dp": 8, "micro_batches": 2, "steps": 6, "data": "synthetic",
+                       "schedule": "1f1b"})
     cl = load_cluster("testbed", nodes=2, ranks_per_node=4, link="100mbit")
     tri, fifo = simulate(cfg, cl, "trirace"), simulate(cfg, cl, "fifo")
     assert tri.hierarchical == [True] and fifo.hierarchical == [False]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from trirace.policy import CommScheduler, make_policy
+from trirace.policy import make_policy
 from trirace.policy.policies import MiB
 from trirace.config import make_config
 from trirace.errors import UsageError
@@ -60,23 +60,6 @@ def test_hierarchical_pays_only_when_the_group_spans_and_shares_nodes():
     assert not hierarchical_pays(t, [0, 2], 30e6)  # one member per node: nothing to gain
     assert not hierarchical_pays(t, [0, 1], 30e6)  # inside one node
     assert not hierarchical_pays(Topology(2, 2, SLOW, SLOW), [0, 1, 2, 3], 30e6)  # no faster inner link
-
-
-def test_p2p_on_another_link_does_not_hold_chunks_back():
-    """Hold-back is per link: an intra-node P2P does not delay chunks crossing nodes."""
-    policy = make_policy("trirace", partition_mb=2, credit_mb=4)
-    s = CommScheduler(policy, chunk_link=INTER)
-    cs = plan_reduction(0, [MiB] * 4, MiB // 2, policy.chunk_order)
-    s.enqueue(cs)
-    for c in cs:
-        s.ready(c)
-    s.p2p_started(INTRA)
-    assert [c.name for c in s.launches()] == ["AR0.0", "AR0.1"]
-    s.p2p_started(INTER)
-    s.finished(cs[0])
-    assert s.launches() == []  # now a P2P shares the chunks' link
-    s.p2p_finished(INTER)
-    assert [c.name for c in s.launches()] == ["AR0.2"]
 
 
 def test_topology_must_match_the_job(tmp_path):

@@ -292,26 +292,27 @@ def crossing(sched: Schedule) -> tuple[int, Action, int, Action] | None:
 
 
 def cut_at_updates(sched: Schedule) -> Schedule:
-    """Move each receive whose send precedes an update block of the sender to just before
-    the receiver's block of that step, so that no transfer crosses the cut the blocks form
-    (`crossing`). Only receives move, and only earlier. A send after a block whose receive
-    precedes it cannot be fixed that way: validation reports it."""
+    """Move each send that precedes the sender's update block of a step, but whose receive
+    follows the receiver's block, to just after the sender's block, so that no transfer
+    crosses the cut the blocks form (`crossing`). Only sends move, and only later: the
+    receiver needed the data after its own block anyway, so the stage that waits is the
+    one that already did, and no stage gains a wait at its block. A receive before a block
+    whose send follows the sender's cannot be fixed that way: validation reports it."""
     epochs = _epochs(sched)
-    early: list[dict[int, list[Action]]] = [{} for _ in sched.actions]  # stage -> block -> receives
+    late: list[dict[int, list[Action]]] = [{} for _ in sched.actions]  # stage -> block -> sends
     for s, send, r, recv in _messages(sched):
         if epochs[s][send] < epochs[r][recv]:
-            early[r].setdefault(epochs[s][send], []).append(recv)
+            late[s].setdefault(epochs[r][recv] - 1, []).append(send)
     out = []
-    for r, acts in enumerate(sched.actions):
-        if not early[r]:
+    for s, acts in enumerate(sched.actions):
+        if not late[s]:
             out.append(acts)
             continue
-        moving = {a for recvs in early[r].values() for a in recvs}
+        moving = {a for sends in late[s].values() for a in sends}
         body = [a for a in acts if a not in moving]
-        cuts = dict(enumerate(_cuts(body, sched.steps)))
         where = {a: i for i, a in enumerate(acts)}
-        at = {cuts[t]: sorted(recvs, key=where.__getitem__) for t, recvs in early[r].items()}
-        out.append(tuple(x for i, a in enumerate(body) for x in (*at.get(i, ()), a)))
+        after = {body.index(Action(Op.OPT, t)): sorted(sends, key=where.__getitem__) for t, sends in late[s].items()}
+        out.append(tuple(x for i, a in enumerate(body) for x in (a, *after.get(i, ()))))
     fixed = Schedule(sched.kind, sched.n_stages, sched.micro_batches, sched.steps, tuple(out))
     if (bad := crossing(fixed)) is not None:
         s, send, r, recv = bad

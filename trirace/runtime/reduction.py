@@ -6,8 +6,8 @@ chunks placed there; at AR, whatever is left. A plain chunk's all-reduce is asyn
 and completes on a `Waiter`; a sparse exchange or a hierarchical all-reduce is several
 dependent collectives, which the engine runs to completion where it launches them. AR
 waits for every chunk of its step, then issues the step's norm contribution
-(gradnorm.py) and, where table and head are one weight, its reduction across the ends
-of the pipeline. Blocking: AR runs every chunk in order, each to completion.
+(gradnorm.py); where table and head are one weight, OPT reduces it across the ends of
+the pipeline. Blocking: AR runs every chunk in order, each to completion.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..obs.timeline import Recorder
 from ..plan import Schedule
 from ..plan.transfers import Chunk, Kind
 from ..policy.driver import StageDriver
-from .communicator import CommLog, Handle, Waiter
+from .communicator import Waiter
 from .gradnorm import GradNorms
 from .groups import Groups
 from .sparse_exchange import exchange
@@ -40,7 +40,6 @@ class Reduction:
         self.link = groups.plan.topology.link(driver.chunk_link)  # probed figures every replica agrees on
         self.cond = threading.Condition()  # chunk completions arrive on the waiter
         self.chunk_seqs: dict[Chunk, list[int]] = {}  # chunk -> seqs of its logged ops
-        self.tie: dict[int, Handle] = {}
         self.error: BaseException | None = None
         self.waiter = Waiter("trirace-allreduce") if driver.reduces else None
 
@@ -162,27 +161,24 @@ class Reduction:
                                embedding_method="dense")
             self.stats.add(step, kind=kind.value, exposed_s=time.perf_counter() - t0)
             self.rec.flow(chunks[-1].name, f"OPT{step}")
-        if self.g.tie is not None:  # table and head are one weight: their gradients add up
-            # Asynchronous, waited for by OPT: the two ends reach this point at different
-            # places of their pipelines, and a blocking wait here could close a cycle with
-            # the P2P transfers between them.
-            view = self.model.grad_view(version, self.model.tied)
-            self.tie[step] = self.g.tie.all_reduce(view)
-            self.stats.add(step, transfers=1)
 
     def before_update(self, step: int) -> None:
-        """OPT's dependency on the tied-weight reduction."""
-        if step in self.tie:
-            t0 = time.perf_counter()
-            self.tie.pop(step).wait()
-            self.stats.add(step, kind=Kind.ALLREDUCE.value, exposed_s=time.perf_counter() - t0)
+        """OPT's dependency on the tied weight: table and head are one weight, so their
+        gradients add up across the two ends of the pipeline. Launched here, at the update
+        block, where every stage's launches form one consistent cut (plan/schedule.py's
+        `crossing`): at AR, which blocking keeps before its deferred OPT, a transfer still
+        pending between the ends could wait behind it on the device."""
+        if self.g.tie is None:
+            return
+        version = self.sched.version_of_step(step)
+        t0 = time.perf_counter()
+        self.g.tie.all_reduce(self.model.grad_view(version, self.model.tied)).wait()
+        self.stats.add(step, transfers=1, kind=Kind.ALLREDUCE.value, exposed_s=time.perf_counter() - t0)
 
     def close(self, failed: bool) -> None:
         if failed:
             return
         if self.waiter is not None:
             self.waiter.close()
-        for handle in self.tie.values():
-            handle.wait()
         if self.error is not None:
             raise RuntimeError("gradient reduction failed") from self.error

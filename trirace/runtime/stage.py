@@ -91,17 +91,6 @@ class StageModel:
         latest update produced (a buffer may hold 2BW's prediction of them instead)."""
         return {id(p): m for p, m in zip(module.parameters(), self.master)}
 
-    def on_grad_ready(self, callback: Callable[[int, int], None]) -> Callable[[], None]:
-        """Call callback(slot, parameter index) each time backward finishes accumulating a
-        parameter's gradient: what lets reduction start while backward still runs. Returns
-        what removes the hooks, for the job's end: a tensor's hooks are held from C++, out
-        of the collector's sight, so the cycle parameter -> hook -> callback's owner ->
-        this model is never freed (a bench's worker, which runs job after job, would keep
-        every job's stage)."""
-        handles = [p.register_post_accumulate_grad_hook(lambda _p, s=slot, i=i: callback(s, i))
-                   for slot, module in enumerate(self.versions) for i, p in enumerate(module.parameters())]
-        return lambda: [h.remove() for h in handles]
-
     @torch.no_grad()
     def step(self, version: int, publish_version: int, lr: float | None = None, scale: float = 1.0,
              skip: bool = False, compensation: str = "none") -> None:

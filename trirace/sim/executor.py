@@ -177,9 +177,11 @@ class _Rank:
         self.pc += 1
 
     def _update(self, a: Action) -> None:
-        """OPT: after the tied weight's reduction where there is one, then the step's global
-        norm; both waits are exposed all-reduce time, as the runtime counts them."""
+        """OPT: after the tied weight's reduction where there is one (launched here, as the
+        runtime does), then the step's global norm; both waits are exposed all-reduce time,
+        as the runtime counts them."""
         sim, step = self.sim, a.index
+        sim.tie_arrive(self, step)
 
         def arrived() -> bool:
             return step in sim.norm_done and (not sim.ties(self.stage) or (self.replica, step) in sim.tie_done)
@@ -315,7 +317,6 @@ class _Rank:
 
     def _reduce(self, step: int) -> None:
         if not self.has_dp:
-            self.sim.tie_arrive(self, step)
             return
         sim = self.sim
         t0 = sim.now
@@ -335,7 +336,6 @@ class _Rank:
             self._gradient_final(step)
             _, kind = self.driver.close_step(step)
             self.stats(step).exposed[kind.value] += sim.now - t0
-            sim.tie_arrive(self, step)
             return True
         next_chunk()
         if not complete():
