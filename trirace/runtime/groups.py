@@ -28,7 +28,7 @@ from .communicator import CommLog, Communicator
 def control_communicator(log: CommLog, timeout: timedelta) -> Communicator:
     """The whole world on gloo: the first communicator every rank creates."""
     world = list(range(dist.get_world_size()))
-    group = dist.new_group(world, backend=gloo.backend("gloo"))
+    group = dist.new_group(world, backend=gloo.backend("gloo"), timeout=timeout)
     return Communicator("control", world, group, torch.device("cpu"), log, timeout, host=True)
 
 
@@ -100,7 +100,7 @@ def make_groups(plan: JobPlan, device: torch.device, control: Communicator) -> G
     log, timeout, rank, L = control.log, control.timeout, dist.get_rank(), plan.layout
 
     def comm(name: str, members: list[int]) -> Communicator | None:
-        group = dist.new_group(members)
+        group = dist.new_group(members, timeout=timeout)  # the job's, not torch's 10-minute default
         return Communicator(name, sorted(members), group, device, log, timeout) if rank in members else None
 
     stage, replica = L.coords(rank)
@@ -120,8 +120,8 @@ def make_groups(plan: JobPlan, device: torch.device, control: Communicator) -> G
             h = _hierarchy(s.stage, list(s.ranks), plan, comm)
             hierarchy = h if s.stage == stage else hierarchy
     world = list(range(dist.get_world_size()))
-    norm = Communicator("norm", world, dist.new_group(world, backend=gloo.backend("gloo")), torch.device("cpu"), log, timeout,
-                        host=True)
+    norm = Communicator("norm", world, dist.new_group(world, backend=gloo.backend("gloo"), timeout=timeout),
+                        torch.device("cpu"), log, timeout, host=True)
     return Groups(plan, rank, stage, replica, control, dps[stage] if L.dp > 1 else None,
                   next((t for t in ties if t is not None), None), hierarchy, p2p, norm)
 

@@ -66,7 +66,8 @@ def probe_links(topo: Topology, device: torch.device, large_bytes: int = 2 << 20
         pairs[INTRA] = (0, 1)
     if topo.nodes > 1:
         pairs[INTER] = (0, topo.ranks_per_node)
-    comms = {cls: Communicator(f"probe/{cls}", pair, dist.new_group(list(pair)), device, control.log, control.timeout)
+    comms = {cls: Communicator(f"probe/{cls}", pair, dist.new_group(list(pair), timeout=control.timeout), device,
+                               control.log, control.timeout)
              for cls, pair in pairs.items()}  # new_group: all ranks, same order
     measured: dict[str, Link] = {}
     for cls, (a, b) in pairs.items():
