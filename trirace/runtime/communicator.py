@@ -42,7 +42,6 @@ class CommLog:
         self._file = None
         self._lock = threading.Lock()
         self._seq = 0
-        self._last: dict[str, int] = {}  # thread name -> its latest event
         if path is not None:
             Path(path).mkdir(parents=True, exist_ok=True)
             self._file = open(Path(path) / f"rank-{rank}.jsonl", "w")
@@ -63,7 +62,6 @@ class CommLog:
                 seqs.append(self._seq)
                 self._seq += 1
                 self._file.write(json.dumps(row) + "\n")
-            self._last[thread] = seqs[-1]
         return seqs
 
     def issue(self, comm: "Communicator", ops: Sequence[tuple[str, int | None, int | None, dict]]) -> list[int]:
@@ -92,20 +90,6 @@ class CommLog:
         """The calling thread has blocked until ops `seqs` completed."""
         if self.enabled and seqs:
             self._write([{"op": "wait", "waits": list(seqs)}])
-
-    def follows(self, after: Sequence[int]) -> None:
-        """The calling thread goes on only after another thread passed events `after` (a
-        launcher issues a step's chunks only once the engine reached its last backward)."""
-        if self.enabled and after:
-            self._write([{"op": "wait", "waits": [], "after": list(after)}])
-
-    def last_seq(self) -> list[int]:
-        """The calling thread's latest event, as an `after` edge for another thread's op."""
-        if not self.enabled:
-            return []
-        with self._lock:
-            last = self._last.get(threading.current_thread().name)
-        return [] if last is None else [last]
 
     def close(self) -> None:
         if self._file is not None:

@@ -1,7 +1,7 @@
 """How often a process's threads other than the one that computes wake up.
 
 On cores that computation saturates, each wake-up of a communication thread (gloo's TCP
-loop, the launcher, the waiters) preempts a computing thread, which then refills its
+loop, the waiters) preempts a computing thread, which then refills its
 caches. A rank's communication threads wake hundreds to over a thousand times a second, so
 the cost is several percent of the work where ranks share cores. The ranks count them per
 step, and the calibration measures computation beside a thread waking as often.

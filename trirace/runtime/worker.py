@@ -41,9 +41,9 @@ def run_job(system: str, cfg: TrainConfig) -> list[dict] | None:
 def run_jobs(jobs: list[dict], out: Path) -> None:
     """Run `jobs` in order on the initialised default group; the reporter writes
     OUT/result-<i>.json for job i. Each job leaves nothing behind: its process groups are
-    destroyed when it ends, its gradient hooks removed (Reduction.close: the collector cannot
-    see them), and its model, buffers and those groups' threads are collected before the
-    next starts (a bench's twelfth job would otherwise run beside eleven jobs' leftovers).
+    destroyed when it ends, and its model, buffers and those groups' threads are collected
+    before the next starts (a bench's twelfth job would otherwise run beside eleven jobs'
+    leftovers).
     What survives the first job's collection is the process's own: torch's modules, and
     dynamo's, which the first optimizer imports (some 300,000 objects). It is frozen once,
     so later collections skip it, which makes each later job's start-up a fraction of a
