@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "cli.md"
 
 # Subcommands in the order a user meets them.
-ORDER = ("train", "plan", "simulate", "profile", "bench", "testbed", "commcheck", "generate")
+ORDER = ("train", "plan", "simulate", "profile", "bench", "testbed", "commcheck", "checkpoint", "generate")
 
 # Longer notes than --help has room for, keyed by "--flag" for train's job flags (wherever
 # a command shares them) or by "command --flag". --help's text serves every flag not here.
@@ -89,8 +89,10 @@ NOTES = {
     "--comm-log": "`DIR/rank-R.jsonl`: every op each rank issues and every host wait, in issue order, "
                   "for `trirace commcheck DIR`",
     "--backend": "`auto` (nccl where every local rank has a CUDA device of its own, else gloo), `gloo`, `nccl`",
-    "--checkpoint-dir": "per-stage atomic checkpoints go here",
-    "--resume": "continue bitwise from the newest complete checkpoint in `--checkpoint-dir`; with none "
+    "--checkpoint-dir": "checkpoints go here: per step, a manifest and one atomically written file per layer "
+                        "(`trirace checkpoint info DIR` shows what one holds)",
+    "--resume": "continue from the newest complete checkpoint in `--checkpoint-dir`, at any pp, dp, partition "
+                "or rank order (bitwise at the layout that wrote it); with none "
                 "there, `auto` (what a bare `--resume` means) says so and starts from step 0, and `require` "
                 "stops with exit status 2",
     "--fail-timeout-s": "a rank waiting this long (seconds) on a peer gives up, saying where",

@@ -124,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     gen.add_argument("--data", default="stdlib", help="the data the model was trained on, for its tokenizer when "
                      "the directory has no tokenizer.json (default: stdlib)")
+    ck = sub.add_parser("checkpoint", help="inspect a checkpoint directory")
+    csub = ck.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
+    ck_info = csub.add_parser("info", help="print what a checkpoint holds: its step, model, optimizer, weight "
+                              "versions, layer files and their sizes, and whether it is complete")
+    ck_info.add_argument("dir", metavar="DIR", help="a --checkpoint-dir (its newest complete step) or one step-NNNNNN "
+                         "directory in it")
     sim = sub.add_parser("simulate", help="predict iteration time, overlap and memory of a job on a cluster, "
                          "without running it (same schedules and policies, simulated executor)")
     _add_config_flags(sim, JOB_FIELDS)
@@ -193,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
 
             return generate(args.checkpoint, args.prompt, args.max_new_tokens, args.top_k, args.temperature,
                             args.seed, args.data)
+        if args.command == "checkpoint":
+            from .runtime.checkpoint import info
+
+            print("\n".join(info(Path(args.dir))))
+            return 0
         if args.command == "commcheck":
             from .obs.commcheck import main as commcheck
 
@@ -266,7 +277,7 @@ def _show_plan(cfg: TrainConfig, as_json: bool) -> int:
           f"{kept}; {est.where} is {est.budget / GiB:.1f} GiB")
     if cfg.comm.probe:
         print("(links as given; train probes them at start-up, which can change trirace's chunk size)")
-    if line := resume_line(cfg, *resume_point(cfg, cfg.parallel.partition)):
+    if line := resume_line(cfg, *resume_point(cfg)):
         print(line)
     return 0
 

@@ -1,8 +1,8 @@
 """`trirace generate`: sample text from a trained model on one process.
 
-The model comes from a trirace checkpoint directory (its newest complete step: each
-stage's master weights, put back together in layer order) or from a Hugging Face
-directory (one that --export-hf wrote, or any GPT-2 / Llama one). The tokenizer is the
+The model comes from a trirace checkpoint directory (its newest complete step, or a step
+directory: each layer's master weights) or from a Hugging Face directory (one that
+--export-hf wrote, or any GPT-2 / Llama one). The tokenizer is the
 directory's tokenizer.json, or else the BPE trirace trained on the run's --data.
 Decoding is greedy (--top-k 1, the default) or top-k sampling at a temperature, with a
 seeded generator: the same command prints the same text.
@@ -10,7 +10,6 @@ seeded generator: the same command prints the same text.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -33,31 +32,17 @@ def load_model(directory: str | Path) -> tuple[torch.nn.Sequential, object, Path
         if spec.tie_embeddings:
             tie_in_place(layers, spec)
         return torch.nn.Sequential(*layers).eval(), spec, d
-    from .runtime.checkpoint import latest
+    from .runtime import checkpoint
 
-    metas = sorted(d.glob("step-*/meta.json"))
-    if not metas:
+    if not any(d.glob("step-*/meta.json")) and not (d / "meta.json").is_file():
         raise UsageError(f"{d}: neither a Hugging Face directory (config.json) nor a trirace checkpoint "
                          "directory (step-*/meta.json)")
-    meta = json.loads(metas[-1].read_text())
-    step_dir = latest(d, meta["pp"])
-    if step_dir is None:
-        raise UsageError(f"{d}: no complete checkpoint step")
-    meta = json.loads((step_dir / "meta.json").read_text())
+    step_dir = checkpoint.find(d)
+    meta = checkpoint.read_meta(step_dir)
     spec = resolve(meta["model"])
     spec = spec.with_(tie_embeddings=True) if meta.get("tie_embeddings") else spec
     layers = build_layers(spec, seed=0)
-    start = 0
-    for stage, size in enumerate(meta["partition"]):
-        state = torch.load(step_dir / f"stage-{stage}.pt", weights_only=True, map_location="cpu")
-        own = [p for layer in layers[start:start + size] for p in layer.parameters()]
-        if len(own) != len(state["master"]):
-            raise UsageError(f"{step_dir}: stage {stage} holds {len(state['master'])} tensors, the model "
-                             f"{meta['model']} {len(own)}")
-        with torch.no_grad():
-            for p, w in zip(own, state["master"]):
-                p.copy_(w)
-        start += size
+    checkpoint.load_weights(step_dir, layers, meta)
     if spec.tie_embeddings:  # the head's copy equals the table's (the tied reduction keeps them so)
         tie_in_place(layers, spec)
     return torch.nn.Sequential(*layers).eval(), spec, step_dir

@@ -82,3 +82,27 @@ def test_generate_is_deterministic_and_reads_both_kinds(made, trained, capsys):
     assert capsys.readouterr().out == from_export  # the same weights, greedy: the same text
     assert main(["generate", "--checkpoint", str(made / "gpt2-out"), *args, "--top-k", "5", "--seed", "3"]) == 0
     assert capsys.readouterr().out.startswith("def add_3(a, b):")
+
+
+def test_checkpoints_of_hf_models_resume_at_other_layouts(made, trained, tmp_path):
+    """The 3-step pp=2 x dp=2 checkpoints resume at pp=1 x dp=4 (GPT-2's tied table and head
+    become one parameter there) and pp=4 x dp=1 (Llama, both 2bw weight versions), continuing
+    an uninterrupted 5-step run's losses."""
+    import shutil
+
+    cfgs, resumed = {}, {}
+    for name, layouts in (("gpt2", [dict(pp=1, dp=4, micro_batches=1)]),
+                          ("llama", [dict(pp=1, dp=4, micro_batches=1), dict(pp=4, dp=1, micro_batches=4)])):
+        cfg, _ = trained[name]
+        base = {k: v for k, v in cfg.flat().items() if k not in ("checkpoint_dir", "export_hf", "partition")}
+        cfgs[name] = make_config(base, steps=5)
+        for i, layout in enumerate(layouts):
+            ck = tmp_path / f"{name}-{i}"
+            shutil.copytree(made / f"{name}-ck", ck)
+            resumed[name, i] = make_config(base, **layout, steps=5, checkpoint_dir=ck, resume="require")
+    rows = run_local([*cfgs.values(), *resumed.values()], timeout_s=240)
+    whole = {name: {r["step"]: r["loss"] for r in got} for name, got in zip(cfgs, rows)}
+    for (name, i), got in zip(resumed, rows[len(cfgs):]):
+        assert {r["step"] for r in got} == {3, 4}, (name, i)
+        for r in got:
+            assert r["loss"] == pytest.approx(whole[name][r["step"]], rel=1e-6), (name, i, r["step"])

@@ -106,7 +106,7 @@ def prepare(cfg: TrainConfig) -> TrainConfig:
     sampler = sampler_for(cfg)
     if job_device(cfg).type == "cpu":
         cfg = cfg.with_(partition=plan_partition(cfg, sampler))
-        checkpoint.resume_point(cfg, cfg.parallel.partition)  # a bad checkpoint: one line now, not a worker's traceback
+        checkpoint.resume_point(cfg)  # a bad checkpoint: one line now, not a worker's traceback
     # A GPU job's layers are timed by rank 0 on its own device (Trainer): timed here, the
     # launcher would hold a CUDA context and cached buffers on a rank's GPU for the whole run.
     return cfg

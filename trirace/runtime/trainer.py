@@ -96,7 +96,7 @@ class Trainer:
         self._announce(topology)
         self.model = self._build_stage()
         if found is not None:
-            checkpoint.load(found, self.groups.stage, self.model)
+            checkpoint.load(found, self.model)
 
     def _agree_on_topology(self) -> Topology:
         """The nodes and links every rank plans with: the file's, or detected, then probed."""
@@ -106,8 +106,8 @@ class Trainer:
 
     def _find_resume_point(self, sizes: list[int]) -> Path | None:
         """The newest complete checkpoint of this job, if it resumes (sets first_step)."""
-        self.ident = checkpoint.identity(self.cfg, sizes)
-        found, self.first_step = checkpoint.resume_point(self.cfg, sizes)
+        self.ident = checkpoint.manifest(self.cfg, sizes)
+        found, self.first_step = checkpoint.resume_point(self.cfg)
         if dist.get_rank() == 0 and (line := checkpoint.resume_line(self.cfg, found, self.first_step)):
             print(f"trirace: {line}", file=sys.stderr, flush=True)
         return found
