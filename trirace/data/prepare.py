@@ -31,6 +31,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -133,6 +134,10 @@ def _quiet_worker() -> None:
     # One worker per core already: the tokenizer's own threads would only compete, and a
     # forked process would warn about them.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    # Ctrl-C reaches the whole process group: the parent alone handles it, then ends the
+    # pool (SIGTERM), and a worker ending that way still removes its unfinished file.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
 
 
 def encode(job: Job) -> dict:
