@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "cli.md"
 
 # Subcommands in the order a user meets them.
-ORDER = ("train", "plan", "simulate", "profile", "bench", "testbed", "commcheck", "checkpoint", "generate")
+ORDER = ("train", "data", "plan", "simulate", "profile", "bench", "testbed", "commcheck", "checkpoint", "generate")
 
 # Longer notes than --help has room for, keyed by "--flag" for train's job flags (wherever
 # a command shares them) or by "command --flag". --help's text serves every flag not here.
@@ -60,12 +60,15 @@ NOTES = {
     "--grad-comm-dtype": "what gradients cross the data-parallel links in; `bf16` halves the bytes",
     "--recompute": "each transformer block keeps only its input and recomputes its activations in "
                    "backward: 2bw's main memory lever",
-    "--eval-every": "held-out loss and perplexity after every N steps and after the last (0: off); while "
-                    "it is on, the corpus's last 5% leaves training",
+    "--eval-every": "held-out loss and perplexity after every N steps and after the last (0: off). The "
+                    "held-out part is fixed by the corpus and never trains, evaluation on or off: `synthetic`'s "
+                    "own second draw, a `.bin` file's `val.bin` sibling, else the corpus's last 5% of tokens",
     "--memory-check": "refuse, before any process starts, a job whose estimated per-rank peak exceeds the "
                       "memory here (host RAM / local ranks, or the GPU's); `--no-memory-check` skips it",
     "--data": "`stdlib` (the Python standard library's own sources), `synthetic`, or a file or directory "
-              "of text; tokenised with a BPE vocabulary trained on the spot and cached in `~/.cache/trirace`",
+              "of text, tokenised with a BPE vocabulary trained on the spot and cached in `~/.cache/trirace`; "
+              "or, read by memory map without loading, a directory `trirace data prepare` wrote or a flat "
+              "`.bin` file of token ids (nanoGPT's `train.bin`, see `--data-dtype`)",
     "--partition": "layers per stage, e.g. `3,4`; without it the partitioner balances (see `--balance`)",
     "--balance": "what the partitioner balances: each layer's measured `time`, or `params`",
     "--rank-order": "`auto` (the fastest candidate by prediction, shown by `trirace plan` and at start-up), "

@@ -65,7 +65,7 @@ def _add_flag(p: argparse._ArgumentGroup, name: str, field) -> None:
 SYSTEMS = ("blocking", "fifo", "priority", "trirace", "torch-1f1b")
 # What shapes a job's time: the flags simulate and profile share with train.
 JOB_FIELDS = ("model", "pp", "dp", "schedule", "micro_batches", "micro_batch_size", "seq_len", "steps", "optimizer",
-              "data", "partition", "balance", "rank_order", "tie_embeddings", "embedding_comm", "partition_mb",
+              "data", "data_dtype", "partition", "balance", "rank_order", "tie_embeddings", "embedding_comm", "partition_mb",
               "credit_mb", "seed", "precision", "recompute", "grad_comm_dtype")
 
 
@@ -165,6 +165,33 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--probe-seconds", type=float, default=4.0, metavar="S",
                       help="with --contention: each contention window's length (default: 4)")
     _add_dry_run(prof)
+    data = sub.add_parser("data", help="prepare a corpus: tokenise it once into shards that training reads by "
+                          "memory map (--data DIR)")
+    dsub = data.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
+    prep = dsub.add_parser("prepare", help="tokenise a text file, a directory of text, or JSON lines into token "
+                           "shards and an index",
+                           description="Tokenise SRC (a text file, a directory of text files, or .jsonl files of "
+                           "one document per line) into shards of uint16 or uint32 token ids plus index.json, in "
+                           "parallel over the source's pieces. Train on the result with --data DIR. Interrupted, the "
+                           "same command goes on from the shards already written.")
+    prep.add_argument("src", metavar="SRC", help="a text file, a directory of text files, or JSON lines (.jsonl)")
+    prep.add_argument("--out", required=True, metavar="DIR", help="the prepared corpus's directory (new, or one an "
+                      "earlier prepare wrote)")
+    tok = prep.add_mutually_exclusive_group()
+    default_vocab = TrainConfig().spec.vocab_size
+    tok.add_argument("--vocab", type=int, metavar="N", help="train a byte-level BPE of N tokens on the corpus, as "
+                     f"--data FILE does for a model of that vocabulary (default: {default_vocab}, the default "
+                     "model's)")
+    tok.add_argument("--tokenizer", metavar="hf:DIR", help="use a Hugging Face model's tokenizer.json (a directory "
+                     "or the file) instead")
+    prep.add_argument("--field", metavar="NAME", help="the text field of each JSON line (default: text)")
+    prep.add_argument("--dtype", choices=("uint16", "uint32"), help="the ids' type (default: uint16 for a vocabulary "
+                      "of up to 65536 tokens, else uint32)")
+    prep.add_argument("--workers", type=int, metavar="N", help="processes encoding at once (default: one per core)")
+    prep.add_argument("--shard-mb", type=float, default=16.0, metavar="MB",
+                      help="source text per shard, in MB (default: 16)")
+    prep.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                      help="show a progress bar (default: on)")
     testbed = sub.add_parser("testbed", help="build or remove an emulated multi-node cluster (root)")
     tsub = testbed.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
     _add_cluster_flags(tsub.add_parser("up", help="namespaces, veth pairs to a bridge, tbf-shaped links"))
@@ -188,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             return _bench(args)
         if args.command == "testbed":
             return _testbed(args)
+        if args.command == "data":
+            return _data(args)
         if args.command == "simulate":
             return _simulate(args)
         if args.command == "profile":
@@ -414,6 +443,20 @@ def _profile(args: argparse.Namespace) -> int:
         print(f"dry run: would profile {cfg.model.name} and write {args.out}")
         return 0
     run(cfg, args.out, args.cluster, args.link, args.mtu, args.contention, args.rounds, args.probe_seconds)
+    return 0
+
+
+def _data(args: argparse.Namespace) -> int:
+    from .data.prepare import prepare
+
+    vocab = args.vocab if args.vocab is not None or args.tokenizer else TrainConfig().spec.vocab_size
+    done = prepare(args.src, args.out, vocab=vocab, tokenizer=args.tokenizer, field=args.field, dtype=args.dtype,
+                   workers=args.workers, shard_bytes=int(args.shard_mb * 1e6), progress=args.progress)
+    index, mb = done.index, done.source_bytes / 1e6
+    kept = f"; {done.kept} shard(s) kept from an earlier run" if done.kept else ""
+    print(f"prepared {index['tokens']:,} {index['dtype']} tokens, {index['documents']:,} documents, in "
+          f"{len(index['shards'])} shard(s) from {mb:.1f} MB in {done.seconds:.1f} s ({mb / done.seconds:.1f} MB/s, "
+          f"{index['tokens'] / done.seconds:,.0f} tokens/s){kept}: train with --data {args.out}")
     return 0
 
 

@@ -151,7 +151,10 @@ class DataOptions(BaseModel):
     """What is read, and the held-out evaluation."""
     model_config = _STRICT
 
-    source: str = Field("stdlib", description="'stdlib' (Python's own sources), 'synthetic', or a file/dir of text")
+    source: str = Field("stdlib", description="'stdlib' (Python's own sources), 'synthetic', a file/dir of text, a "
+                        "directory from trirace data prepare, or a flat .bin file of token ids (nanoGPT's train.bin)")
+    dtype: Literal["uint16", "uint32"] = Field(
+        "uint16", description="the ids' type in a .bin file (nanoGPT writes uint16); a prepared directory records its own")
     eval_every: int = Field(0, ge=0, description="validation loss every N steps and after the last (0: never)")
     eval_batches: int = Field(4, ge=1, description="held-out micro-batches per replica in each evaluation")
 
@@ -221,7 +224,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "data": DataOptions, "checkpoint": CheckpointOptions, "observe": ObserveOptions, "faults": FaultOptions,
 }
 # A field's flat name (flag and YAML key) where it is not the field's own name.
-_FLAT_NAMES = {("model", "name"): "model", ("comm", "policy"): "comm_policy", ("data", "source"): "data",
+_FLAT_NAMES = {("model", "name"): "model", ("comm", "policy"): "comm_policy", ("data", "source"): "data", ("data", "dtype"): "data_dtype",
                ("checkpoint", "dir"): "checkpoint_dir", ("checkpoint", "every"): "checkpoint_every"}
 TOP_LEVEL = ("steps", "seed")
 

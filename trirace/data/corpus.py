@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 import sysconfig
 from pathlib import Path
@@ -21,6 +22,7 @@ _STDLIB_SKIP_DIRS = {
     "pydoc_data", "encodings", "lib2to3", "ensurepip", "__pycache__",
 }
 _SNIFF_BYTES = 8192
+_BLOCK_BYTES = 1 << 22
 
 
 def stdlib_root() -> Path:
@@ -87,18 +89,23 @@ def _skip_dir(name: str, stdlib: bool) -> bool:
 
 
 def _text_size(path: Path) -> int | None:
-    """Byte size if `path` is a non-blank UTF-8 text file, else None."""
+    """Byte size if `path` is a non-blank UTF-8 text file, else None. Read in blocks, so a
+    file far larger than memory is checked in constant memory."""
     try:
         if not path.is_file():
             return None
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        blank, size = True, 0
         with open(path, "rb") as f:
-            head = f.read(_SNIFF_BYTES)
-            # A NUL byte marks a binary file; checking first avoids decoding
-            # (and holding) large binaries just to reject them.
-            if b"\0" in head:
-                return None
-            data = head + f.read()
-        text = data.decode("utf-8")
+            while block := f.read(_BLOCK_BYTES if size else _SNIFF_BYTES):
+                # A NUL byte in the head marks a binary file; the head is small, so a
+                # binary file is rejected after reading little of it.
+                if not size and b"\0" in block:
+                    return None
+                text = decoder.decode(block)
+                blank = blank and not text.strip()
+                size += len(block)
+            decoder.decode(b"", final=True)
     except (OSError, UnicodeDecodeError):
         return None
-    return len(data) if text.strip() else None
+    return None if blank else size

@@ -1,4 +1,5 @@
-"""Token streams (real corpus or synthetic) and deterministic micro-batches."""
+"""Token streams (real corpus, prepared shards or synthetic), the held-out split and
+deterministic micro-batches."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from pathlib import Path
 
 import torch
 
-from trirace.data._cache import atomic_write, build_lock
-from trirace.data.corpus import discover
 from tokenizers import Tokenizer
 
-from trirace.data.tokenizer import (
-    EOT, EOT_ID, MASK_ID, PAD_ID, corpus_key, load_tokenizer, read_texts,
-)
+from trirace.data import shards
+from trirace.data._cache import atomic_write, build_lock
+from trirace.data.corpus import discover
+from trirace.data.shards import ShardStream
+from trirace.data.tokenizer import EOT_ID, MASK_ID, PAD_ID, corpus_key, eot_of, load_tokenizer, read_texts
 from trirace.errors import ConfigError, DataError
 
 SYNTHETIC = "synthetic"
@@ -46,6 +47,16 @@ class TokenStream:
     def __len__(self) -> int:
         return self.ids.numel()
 
+    def slice(self, lo: int, hi: int) -> "TokenStream":
+        return replace(self, ids=self.ids[lo:hi])
+
+    def windows(self, starts: torch.Tensor, length: int) -> torch.Tensor:
+        """int64 [len(starts), length]: the ids from each start."""
+        return self.ids[starts[:, None] + torch.arange(length)].long()
+
+
+Stream = TokenStream | ShardStream
+
 
 def load_tokens(
     source: str,
@@ -53,13 +64,21 @@ def load_tokens(
     cache_dir: str | os.PathLike[str] | None = None,
     max_bytes: int | None = None,
     tokenizer: Path | None = None,
-) -> TokenStream:
-    """Token ids of `source` ("synthetic", "stdlib", a file or a directory), with a BPE
-    trained here on the corpus, or with `tokenizer` (a model's own tokenizer.json)."""
+    dtype: str = "uint16",
+) -> Stream:
+    """Token ids of `source`: "synthetic"; a directory `trirace data prepare` wrote, or a flat
+    `.bin` file of `dtype` ids (nanoGPT's), both read by memory map; or "stdlib", a text file
+    or a directory of text, tokenised here by a BPE trained on the corpus, or by `tokenizer`
+    (a model's own tokenizer.json), and cached."""
     if source == SYNTHETIC:
         return synthetic_stream(vocab_size)
-    files = discover(source, max_bytes)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if shards.is_prepared(source):
+        return shards.open_prepared(source, vocab_size, tokenizer)
+    if shards.is_bin(source):
+        return shards.open_bin(source, dtype, vocab_size, cache)
+    shards.refuse_unfinished(source)
+    files = discover(source, max_bytes)
     key = corpus_key(files, vocab_size)
     if tokenizer is not None:
         key += "-" + hashlib.sha256(Path(tokenizer).read_bytes()).hexdigest()[:16]
@@ -74,9 +93,13 @@ def load_tokens(
 
 
 def tokenizer_file(source: str, vocab_size: int, cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
-    """The BPE file `load_tokens` trained for a text corpus (None for synthetic data)."""
-    if source == SYNTHETIC:
+    """The tokenizer of a corpus: the one a prepared directory holds, or the BPE `load_tokens`
+    trained for a text corpus (None for synthetic data and .bin files)."""
+    if source == SYNTHETIC or shards.is_bin(source):
         return None
+    if shards.is_prepared(source):
+        path = Path(source).expanduser() / "tokenizer.json"
+        return path if path.is_file() else None
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = cache / f"tokenizer-{corpus_key(discover(source), vocab_size)}.json"
     return path if path.is_file() else None
@@ -87,8 +110,7 @@ def _encode(files: list[Path], vocab_size: int, cache_dir: Path, tokenizer: Path
         tok, eot_id = load_tokenizer(files, vocab_size, cache_dir), EOT_ID
     else:
         tok = Tokenizer.from_file(str(tokenizer))
-        # Its own end-of-text token where it has one (GPT-2's, Llama's </s>), else id 0.
-        eot_id = next((i for t in (EOT, "</s>", "<|end_of_text|>") if (i := tok.token_to_id(t)) is not None), 0)
+        eot_id = eot_of(tok)
         if tok.get_vocab_size() > vocab_size:
             raise DataError(f"tokenizer {tokenizer} has {tok.get_vocab_size()} tokens, more than the model's "
                             f"{vocab_size}")
@@ -101,8 +123,8 @@ def _encode(files: list[Path], vocab_size: int, cache_dir: Path, tokenizer: Path
     return torch.cat(parts)
 
 
-@functools.lru_cache(maxsize=2)
-def synthetic_stream(vocab_size: int, num_tokens: int = SYNTHETIC_TOKENS) -> TokenStream:
+@functools.lru_cache(maxsize=4)
+def synthetic_stream(vocab_size: int, num_tokens: int = SYNTHETIC_TOKENS, seed: int = SYNTHETIC_SEED) -> TokenStream:
     """I.i.d. Zipf-distributed ids: no files needed, and like real text a batch
     touches few embedding rows, so sparse-gradient paths see realistic load.
     Frequent tokens get low ids, as BPE orders its merges by frequency. Kept for the
@@ -114,7 +136,7 @@ def synthetic_stream(vocab_size: int, num_tokens: int = SYNTHETIC_TOKENS) -> Tok
     ranks = torch.arange(1, vocab_size - first + 1, dtype=torch.float64)
     cdf = torch.cumsum(ranks.pow(-ZIPF_EXPONENT), 0)
     cdf /= cdf[-1].clone()
-    g = torch.Generator().manual_seed(SYNTHETIC_SEED)
+    g = torch.Generator().manual_seed(seed)
     u = torch.rand(num_tokens, generator=g, dtype=torch.float64)
     # Inverse-CDF sampling; clamp guards u landing past the last cdf value.
     idx = torch.searchsorted(cdf, u).clamp_(max=vocab_size - first - 1)
@@ -122,9 +144,10 @@ def synthetic_stream(vocab_size: int, num_tokens: int = SYNTHETIC_TOKENS) -> Tok
 
 
 HELD_OUT = 0.05  # the tail of a corpus that evaluation reads and training does not
+HELD_OUT_SYNTHETIC = 1 << 16  # ids of the synthetic corpus's held-out draw
 
 
-def split_held_out(stream: TokenStream, seq_len: int) -> tuple[TokenStream, TokenStream]:
+def split_held_out(stream: Stream, seq_len: int) -> tuple[Stream, Stream]:
     """(training head, held-out tail): the last HELD_OUT of the tokens, and at least one
     window's worth, are kept for validation. One contiguous cut, so no window of either
     part overlaps the other."""
@@ -133,7 +156,29 @@ def split_held_out(stream: TokenStream, seq_len: int) -> tuple[TokenStream, Toke
         raise DataError(f"corpus has {len(stream)} tokens: too few to hold out {tail} for evaluation "
                         f"and still train on windows of {seq_len + 1}; use more text or no --eval-every")
     cut = len(stream) - tail
-    return replace(stream, ids=stream.ids[:cut]), replace(stream, ids=stream.ids[cut:])
+    return stream.slice(0, cut), stream.slice(cut, len(stream))
+
+
+def corpus_split(source: str, vocab_size: int, seq_len: int, evaluate: bool, tokenizer: Path | None = None,
+                 dtype: str = "uint16") -> tuple[Stream, Stream | None]:
+    """(what training draws from, the held-out part or None). The held-out part is fixed by
+    the corpus alone, never by whether this run evaluates, so turning --eval-every on
+    leaves the training draw as it was: the synthetic corpus's is a second draw of its own
+    seed; a `.bin` file's is its `val.bin` sibling where there is one; any other corpus's
+    is its last HELD_OUT of tokens (split_held_out), held out whenever the corpus is long
+    enough to split. A corpus too short to split trains whole, and refuses evaluation."""
+    if source == SYNTHETIC:
+        return synthetic_stream(vocab_size), synthetic_stream(vocab_size, HELD_OUT_SYNTHETIC, SYNTHETIC_SEED + 1)
+    stream = load_tokens(source, vocab_size, tokenizer=tokenizer, dtype=dtype)
+    if shards.is_bin(source) and (val := Path(source).expanduser().with_name("val.bin")).is_file() \
+            and val.resolve() != Path(source).expanduser().resolve():
+        return stream, load_tokens(str(val), vocab_size, dtype=dtype)
+    try:
+        return split_held_out(stream, seq_len)
+    except DataError:
+        if evaluate:
+            raise
+        return stream, None
 
 
 def _mix_seed(seed: int, step: int, index: int) -> int:
@@ -146,7 +191,7 @@ class BatchSampler:
     """Random windows of a TokenStream, a pure function of (seed, step, index):
     every rank of a distributed job can draw any micro-batch on its own."""
 
-    def __init__(self, stream: TokenStream, seq_len: int, micro_batch_size: int, seed: int = 0):
+    def __init__(self, stream: Stream, seq_len: int, micro_batch_size: int, seed: int = 0):
         if seq_len < 1 or micro_batch_size < 1:
             raise ConfigError(
                 f"seq_len and micro_batch_size must be positive, got {seq_len} and {micro_batch_size}"
@@ -160,7 +205,6 @@ class BatchSampler:
         self.seq_len = seq_len
         self.micro_batch_size = micro_batch_size
         self.seed = seed
-        self._span = torch.arange(seq_len + 1)
 
     def _windows(self, step: int, index: int) -> tuple[torch.Tensor, torch.Generator]:
         g = torch.Generator().manual_seed(_mix_seed(self.seed, step, index))
@@ -168,7 +212,7 @@ class BatchSampler:
         starts = torch.randint(
             0, len(self.stream) - self.seq_len, (self.micro_batch_size,), generator=g
         )
-        return self.stream.ids[starts[:, None] + self._span].long(), g
+        return self.stream.windows(starts, self.seq_len + 1), g
 
     def micro_batch(self, step: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Next-token pairs: int64 [micro_batch_size, seq_len] each."""

@@ -70,6 +70,12 @@ def load_tokenizer(
     return tok
 
 
+def eot_of(tok: Tokenizer) -> int:
+    """The id that joins documents: a model's own end-of-text token where it has one
+    (GPT-2's, Llama's </s>), else id 0 (ours is EOT_ID = 0)."""
+    return next((i for t in (EOT, "</s>", "<|end_of_text|>") if (i := tok.token_to_id(t)) is not None), 0)
+
+
 def _train(texts: list[str], vocab_size: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     # Byte-level: every byte sequence has an encoding, so no unknown token.
