@@ -32,9 +32,12 @@ def _chunks(policy, mb: float = 1.0, numels=(MiB,) * 8, sparse=None):
 
 def test_slots_follow_the_last_backward_and_let_a_computations_sends_go_first():
     _, units = _units(1)
-    first, ar = _bounds(units, 1)
+    first, ar = _bounds(units, 2)
     at = slots(units, first, ar)
     assert at[0] == first + 1 and units[first + 1][0].op is Op.SB  # B's send to stage 0, then chunks
+    first, ar = _bounds(units, 1)  # B7's send waits past step 0's update (the cut): chunks right after B7
+    at = slots(units, first, ar)
+    assert units[first + 1][0].op is Op.AR and at[0] == first
     assert all(first <= u < ar for u in at)
     for u in at:  # never between a computation and the transfers it feeds
         assert units[u][0].op.is_p2p or u + 1 == len(units) or not units[u + 1][0].op.is_p2p
