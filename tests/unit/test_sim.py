@@ -93,8 +93,7 @@ def test_folding_counts_copies_per_physical_link():
 
 
 def _stage(fwd: float, bwd: list[float], numels: list[int], policy: str, collective=None, opt: float = 0.0):
-    layers = [(i, i + 1) for i in reversed(range(len(bwd)))]
-    return StageWork(fwd, bwd, layers, opt, numels, make_policy(policy),
+    return StageWork(fwd, sum(bwd), opt, numels, make_policy(policy),
                      collective or (lambda c: []), lambda c: False)
 
 

@@ -110,7 +110,7 @@ def test_a_transfer_costs_the_shared_cores_and_ends_with_its_cpu_work():
     times = {}
     for name, h in (("costly", host), ("free", HostCpu(2)), ("collective bytes free", apart)):
         fab = Fabric(Layout(1, 2), topo, h)
-        work = StageWork(0.0, [0.0], [(0, 1)], 0.0, [int(S // 4)], make_policy("blocking"),
+        work = StageWork(0.0, 0.0, 0.0, [int(S // 4)], make_policy("blocking"),
                          lambda c, fab=fab: ring(("ring", 0), 2, c.nbytes, 0.0), lambda c: False)
         sim = Simulation(build_schedule("1f1b", 1, 1, 1), fab, [work], 0)
         sim.run()
@@ -247,7 +247,7 @@ def test_unfolded_replicas_without_noise_predict_exactly_what_the_fold_does(wher
 
 def test_a_collective_moves_when_its_last_member_issues_it_and_members_must_agree_on_the_order():
     topo = Topology(2, 1, Link(8e9, 0.0), Link(8e8, 0.0))
-    work = StageWork(0.0, [0.0], [(0, 1)], 0.0, [1], make_policy("fifo"), lambda c: [], lambda c: False)
+    work = StageWork(0.0, 0.0, 0.0, [1], make_policy("fifo"), lambda c: [], lambda c: False)
     sim = Simulation(build_schedule("1f1b", 1, 1, 1), Fabric(Layout(1, 2), topo, unfold=True), [work], 0)
     done = []
     group = sim.groups[0]
@@ -287,7 +287,7 @@ def test_noisy_replicas_drift_apart_and_each_draw_sees_the_load_it_starts_under(
     assert len(ends) == 4  # every rank simulated
     assert len(set(ends.values())) == 4  # no two ranks finish step 4 at one moment
     topo = Topology(2, 1, Link(8e9, 0.0), Link(8e8, 0.0))
-    work = StageWork(0.0, [0.0], [(0, 1)], 0.0, [1], make_policy("fifo"), lambda c: [], lambda c: False)
+    work = StageWork(0.0, 0.0, 0.0, [1], make_policy("fifo"), lambda c: [], lambda c: False)
     sim = Simulation(build_schedule("1f1b", 1, 1, 1), Fabric(Layout(1, 2), topo, unfold=True), [work], 0)
     loads = []
 

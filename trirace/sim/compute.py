@@ -43,9 +43,9 @@ class ComputeModel:
         fwd = tuple(f / device.flops for f in flops)
         return cls(fwd, tuple(2 * f for f in fwd), OPT_BYTES_PER_PARAM[optimizer] / device.memory_bytes_per_s, "flops")
 
-    def stage(self, layers: range) -> tuple[float, list[float]]:
-        """(forward seconds of the stage, backward seconds per layer in backward order)."""
-        return sum(self.forward_s[i] for i in layers), [self.backward_s[i] for i in reversed(layers)]
+    def stage(self, layers: range) -> tuple[float, float]:
+        """(forward seconds of the stage, backward seconds of the stage), one micro-batch."""
+        return sum(self.forward_s[i] for i in layers), sum(self.backward_s[i] for i in layers)
 
     def recomputing(self, spec: ModelSpec) -> "ComputeModel":
         """With --recompute each block runs its forward again inside its backward."""

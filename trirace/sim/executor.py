@@ -58,8 +58,7 @@ class StageWork:
     """What one stage computes and reduces, in the executor's terms."""
 
     forward_s: float  # one micro-batch
-    backward_s: list[float]  # per layer, in backward order
-    backward_params: list[tuple[int, int]]  # the parameter indices each of those layers finalises
+    backward_s: float  # one micro-batch
     optimizer_s: float
     numels: list[int]
     policy: Policy
@@ -260,7 +259,7 @@ class _Rank:
         if last and self.driver.reduces:
             self.driver.backward_begins(step, self.pc)
         final = (lambda: self._gradient_final(step)) if last and not self.has_dp else None
-        self._compute(a, sum(self.work.backward_s), final)
+        self._compute(a, self.work.backward_s, final)
 
     # ------------------------------------------------------------ P2P
 

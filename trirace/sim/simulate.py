@@ -22,7 +22,6 @@ from ..policy.autotune import TRIALS
 from ..policy.policies import POLICIES, make_policy
 from ..config import TrainConfig
 from ..errors import UsageError
-from ..models.build import layer_param_numels
 from ..obs.timeline import write_trace
 from ..plan import stage_ranges
 from ..plan.bounds import Bound, lower_bound, plan_link_bytes, steady_steps
@@ -146,7 +145,6 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     def new_fabric() -> Fabric:  # each simulated run's network holds its own flows
         return Fabric(layout, topo, host, plan.tied, unfold=unfold, link_share=share, link_queue=queue)
     fabric = new_fabric()
-    numels_by_layer = layer_param_numels(spec)
     tokens = cfg.tokens_per_replica_step
     if calibration is not None and calibration.rows_touched.get(str(tokens)):
         rows = calibration.rows_touched[str(tokens)]
@@ -155,10 +153,6 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
     stages, methods = [], []
     for st in plan.stages:
         link = topo.link(st.reduction_link)
-        firsts = [0]
-        for i in st.layers:
-            firsts.append(firsts[-1] + len(numels_by_layer[i]))
-        bwd_params = [(firsts[j], firsts[j + 1]) for j in reversed(range(len(st.layers)))]
         fwd_s, bwd_s = compute.stage(st.layers)
         method = None
         if st.sparse_param is not None:
@@ -167,7 +161,7 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
                 method = sparse_cost.choose(cfg.parallel.dp, spec.vocab_size, spec.d_model, math.ceil(rows),
                                             alpha_s=link.latency_s, bytes_per_s=link.bytes_per_s)
             methods.append(method)
-        stages.append(StageWork(fwd_s, bwd_s, bwd_params, compute.optimizer_s_per_param * sum(st.numels),
+        stages.append(StageWork(fwd_s, bwd_s, compute.optimizer_s_per_param * sum(st.numels),
                                 list(st.numels), st.policy,
                                 _collective(st.stage, fabric, topo, st.hierarchical, method, rows, spec.vocab_size,
                                             spec.d_model, cluster.collective_factor,
@@ -286,7 +280,7 @@ def _collective(stage: int, fabric: Fabric, topo: Topology, hierarchical: bool, 
 def _bound(cfg: TrainConfig, plan: JobPlan, cluster: Cluster, stages: list[StageWork],
            table_sent: float | None, tie_bytes: float) -> Bound:
     m, layout = cfg.parallel.micro_batches, plan.layout
-    per_stage = [m * (w.forward_s + sum(w.backward_s)) + w.optimizer_s for w in stages]
+    per_stage = [m * (w.forward_s + w.backward_s) + w.optimizer_s for w in stages]
     per_rank = [per_stage[layout.coords(r)[0]] for r in range(layout.world_size)]
     load = plan_link_bytes(plan, m, cfg.activation_bytes, table_sent, tie_bytes, cluster.collective_factor(INTER))
     return lower_bound(per_rank, cluster.shared_cores or layout.world_size, load, plan.topology)
