@@ -56,57 +56,55 @@ def test_the_log_records_device_events_and_metadata(log_2x1):
                                           for t in range(3)]), reads
 
 
-def _planted_syncs(src: Path, dst: Path) -> Path:
-    """The log as an engine that synchronised the device after every compute action would
-    have written it: a sync event after each, and every sequence number after it shifted."""
+def _renumbered(rows: list[dict]) -> list[dict]:
+    """Rows in this order with seqs 0.. again (and the batches and waits naming them); a
+    row without a seq (the format line) stays as it is."""
+    new = {r["seq"]: i for i, r in enumerate(r for r in rows if "seq" in r)}
+    for r in rows:
+        for key in ("seq", "batch"):
+            if key in r:
+                r[key] = new[r[key]]
+        for key in ("waits", "after"):
+            if key in r:
+                r[key] = [new[x] for x in r[key]]
+    return rows
+
+
+def _rewritten(src: Path, dst: Path, change) -> Path:
     dst.mkdir()
     for f in src.glob("rank-*.jsonl"):
-        rows = [json.loads(line) for line in f.read_text().splitlines()]
-        out, shift, new_seq = [], 0, {}
+        rows = change(f.name, [json.loads(line) for line in f.read_text().splitlines()])
+        (dst / f.name).write_text("".join(json.dumps(row) + "\n" for row in _renumbered(rows)))
+    return dst
+
+
+def _planted_syncs(src: Path, dst: Path) -> Path:
+    """The log as an engine that synchronised the device after every compute action would
+    have written it: a sync event after each."""
+    def change(_name: str, rows: list[dict]) -> list[dict]:
+        out = []
         for row in rows:
-            if "seq" in row:
-                new_seq[row["seq"]] = row["seq"] + shift
             out.append(row)
             if row.get("op") == "compute" and not row["action"].startswith("norm"):
-                shift += 1
-                out.append({"op": "sync", "where": f"after {row['action']}", "seq": row["seq"] + shift,
+                out.append({"op": "sync", "where": f"after {row['action']}", "seq": row["seq"] + 0.5,
                             "rank": row["rank"], "thread": row["thread"]})
-        for row in out:
-            if row.get("op") == "sync":
-                continue
-            for key in ("seq", "batch"):
-                if key in row:
-                    row[key] = new_seq[row[key]]
-            for key in ("waits", "after"):
-                if key in row:
-                    row[key] = [new_seq[x] for x in row[key]]
-        (dst / f.name).write_text("".join(json.dumps(row) + "\n" for row in out))
-    return dst
+        return out
+    return _rewritten(src, dst, change)
 
 
 def _posted_ahead(src: Path, dst: Path) -> Path:
     """The log as an engine that posts stage 0's first backward receive ahead, before its
     first forward, would have written it: RB0 leaves its run and becomes a batch of its
     own in front of F0."""
-    dst.mkdir()
-    for f in src.glob("rank-*.jsonl"):
-        rows = [json.loads(line) for line in f.read_text().splitlines()]
-        if f.name == "rank-0.jsonl":
+    def change(name: str, rows: list[dict]) -> list[dict]:
+        if name == "rank-0.jsonl":
             first = next(i for i, r in enumerate(rows) if r.get("op") == "compute")  # F0, after the warm-up
             recv = next(i for i, r in enumerate(rows) if r.get("op") == "recv" and i > first)
             row = rows.pop(recv)
             row["batch"] = row["seq"]
             rows.insert(first, row)
-            new = {r["seq"]: i for i, r in enumerate(r for r in rows if "seq" in r)}
-            for r in rows:
-                for key in ("seq", "batch"):
-                    if key in r:
-                        r[key] = new[r[key]]
-                for key in ("waits", "after"):
-                    if key in r:
-                        r[key] = [new[x] for x in r[key]]
-        (dst / f.name).write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return dst
+        return rows
+    return _rewritten(src, dst, change)
 
 
 def test_the_log_is_clean_and_the_old_engine_planted_into_it_deadlocks(log_2x1, tmp_path):
