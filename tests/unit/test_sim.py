@@ -114,12 +114,13 @@ def test_ring_allreduce_time_is_the_alpha_beta_formula(n):
 
 def _critical_path(sched, fwd: list[float], bwd: list[float], opt: list[float]) -> float:
     """Longest path through the schedule with free transfers: each action waits for the
-    previous one on its stage, a receive for its send's place in the sender's list, and an
-    OPT for the step's last backward on every stage (the global norm's contributions)."""
-    partner = {Op.RF: (-1, Op.SF), Op.RB: (1, Op.SB)}
+    previous one on its stage, a computation for the send of what it consumes (at that
+    send's place in the sender's list; posting a receive waits for nothing), and an OPT for
+    the step's last backward on every stage (the global norm's contributions)."""
+    consumes = {Op.F: (-1, Op.SF), Op.B: (1, Op.SB)}
     done: dict[tuple[int, Op, int], float] = {}
     pos = [0] * sched.n_stages
-    acts = [[a for a in acts if a.op is not Op.AR] for acts in sched.actions]
+    acts = [[a for a in acts if a.op not in (Op.AR, Op.RF, Op.RB)] for acts in sched.actions]
     clock = [0.0] * sched.n_stages
     progress = True
     while progress:
@@ -130,8 +131,8 @@ def _critical_path(sched, fwd: list[float], bwd: list[float], opt: list[float]) 
                 if a.op is Op.OPT:
                     last = (a.index + 1) * sched.micro_batches - 1
                     deps = [(t, Op.B, last) for t in range(sched.n_stages)]
-                elif a.op in partner:
-                    deps = [(s + partner[a.op][0], partner[a.op][1], a.index)]
+                elif a.op in consumes and 0 <= s + consumes[a.op][0] < sched.n_stages:
+                    deps = [(s + consumes[a.op][0], consumes[a.op][1], a.index)]
                 else:
                     deps = []
                 if any(dep not in done for dep in deps):

@@ -222,13 +222,15 @@ def defer_updates(sched: Schedule, ops: tuple[Op, ...] = (Op.AR, Op.OPT)) -> Sch
 
 
 def schedule_for_policy(sched: Schedule, defers_updates: bool, tied_across_stages: bool,
-                        global_update: bool = True) -> Schedule:
+                        global_update: bool = True, early: bool = True) -> Schedule:
     """The action lists a policy runs: asynchronous policies move AR and OPT to their
     deadlines. Blocking keeps AR after the last backward; its OPT also waits at its
     deadline when OPT needs something from another stage (the tied reduction, or the global
     gradient norm of `global_update`), since blocking P2P leaves no earlier point where
     the stages of a 2BW pipeline are free to wait for each other. Flushed schedules have
-    such a point after every step, so for them nothing moves."""
+    such a point after every step, so for them nothing moves. Every update block then
+    becomes a cut no transfer crosses (`cut_at_updates`), and asynchronous policies post
+    receives a computation early where that is proven safe (`receives_early`)."""
     if defers_updates:
         out = defer_updates(sched)
     elif tied_across_stages or global_update:
@@ -236,9 +238,65 @@ def schedule_for_policy(sched: Schedule, defers_updates: bool, tied_across_stage
     else:
         out = sched
     out = cut_at_updates(out)
+    if defers_updates and early:  # (validated there: the whole schedule, once)
+        moved = receives_early(out, global_update)
+        if moved is not out:
+            return moved
     # with global_update, also the evaluation pass after OPT, whether or not this job runs one
     validate(out, global_update=global_update, chained_update=global_update)
     return out
+
+
+def receives_early(sched: Schedule, global_update: bool = True) -> Schedule:
+    """Post receives one computation earlier, each as a batch of its own: its bytes can then
+    cross while the stage computes (gloo and NCCL move data only once the receive is
+    posted), and the engine waits for them only where they are used. A receive moves in
+    front of the computation that precedes its run, unless that computation follows a
+    transfer run (it would join that batch) or an update block (the cut). Under 1F1B both
+    directions at once deadlock on a device (each stage's early receive waits for a send
+    queued behind the other's), so the backward receives move first, then the forward
+    ones, then both are tried, and the first that the validator (which replays the runs as
+    a device does, one kernel at a time) proves free of deadlock is kept; none: the
+    receives stay where they were."""
+    # Which directions may move is a property of the schedule's pattern, which repeats
+    # every step: found on three steps of it, then checked on the whole.
+    probe = schedule_for_policy(build_schedule(sched.kind, sched.n_stages, sched.micro_batches, min(sched.steps, 3)),
+                                True, False, global_update, early=False)
+    for ops in ((Op.RF, Op.RB), (Op.RB,), (Op.RF,)):
+        if not _sound(_receives_before_compute(probe, ops), global_update):
+            continue
+        early = _receives_before_compute(sched, ops)
+        return early if _sound(early, global_update) else sched
+    return sched
+
+
+def _sound(sched: Schedule, global_update: bool) -> bool:
+    try:
+        if crossing(sched) is not None:
+            return False
+        validate(sched, global_update=global_update, chained_update=global_update)
+    except ScheduleError:
+        return False
+    return True
+
+
+def _receives_before_compute(sched: Schedule, ops: tuple[Op, ...]) -> Schedule:
+    out = []
+    for acts in sched.actions:
+        moved: dict[int, list[Action]] = {}  # position of the computation -> receives put before it
+        drop: set[Action] = set()
+        for i, a in enumerate(acts):
+            if a.op not in ops:
+                continue
+            j = i - 1
+            while j >= 0 and acts[j].op.is_p2p:  # the start of a's run
+                j -= 1
+            if j < 1 or acts[j].op not in (Op.F, Op.B) or acts[j - 1].op.is_p2p or acts[j - 1].op in (Op.AR, Op.OPT):
+                continue
+            moved.setdefault(j, []).append(a)
+            drop.add(a)
+        out.append(tuple(x for i, a in enumerate(acts) if a not in drop for x in (*moved.get(i, ()), a)))
+    return Schedule(sched.kind, sched.n_stages, sched.micro_batches, sched.steps, tuple(out))
 
 
 def _cuts(acts: tuple[Action, ...] | list[Action], steps: int) -> list[int]:

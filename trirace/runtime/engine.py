@@ -203,13 +203,7 @@ class Engine:
                 sends[a] = self.outputs[a.index].detach().contiguous()
             elif a.op is Op.SB:
                 sends[a] = self.inputs.pop(a.index).grad.contiguous()
-        got = self.comm.exchange(group, sends)
-        for a, t in got.items():
-            self.rec.flow(str(a), f"{'F' if a.op is Op.RF else 'B'}{a.index}")
-            if a.op is Op.RF:
-                self.inputs[a.index] = t.requires_grad_(True)
-            else:
-                self.out_grads[a.index] = t
+        self.comm.exchange(group, sends)
 
     def run(self, actions: tuple[Action, ...]) -> None:
         try:
@@ -236,6 +230,7 @@ class Engine:
             return
         if a.op is Op.OPT:
             self.norm_of_step[a.index] = self.await_update(a.index)
+        self._receive(a)
         mark = self.clock.begin()
         self.comm.log.compute(str(a))
         if a.op is Op.F:
@@ -252,6 +247,15 @@ class Engine:
             rec.losses = self.comm.norms.losses_of(step)
             if self.on_step:
                 self.on_step(self.records.pop(step))
+
+    def _receive(self, a: Action) -> None:
+        """What compute `a` consumes from a neighbour, waited for here, outside its timing."""
+        if a.op is Op.F and not self.model.is_first:
+            self.inputs[a.index] = self.comm.take(Action(Op.RF, a.index)).requires_grad_(True)
+            self.rec.flow(f"RF{a.index}", str(a))
+        elif a.op is Op.B and not self.model.is_last:
+            self.out_grads[a.index] = self.comm.take(Action(Op.RB, a.index))
+            self.rec.flow(f"RB{a.index}", str(a))
 
     def _account(self, t: Timed) -> None:
         # the thread's CPU beside the wall time: on shared cores the gap is the contention

@@ -2,11 +2,11 @@
 
 The engine thread issues every P2P op: a run of adjacent transfers of the action list
 (`plan.schedule.p2p_groups`) is one batch, receives and sends together, which NCCL runs as
-one kernel. Nothing is posted ahead of its run, so the device never holds a receive in
-front of the kernels its peer waits for; the schedule validator proves the runs free of
-deadlock. The engine then waits for the run's receives, the data it needs next. Sends
-complete on a `Waiter` (asynchronous policies), which measures the link; blocking waits
-for them too.
+one kernel, where the plan puts it (asynchronous policies' plans post a receive a
+computation early, as a batch of its own, where the validator proves that safe on a
+device). The engine waits for a receive only where its data is used (`take`, before the
+computation that consumes it). Sends complete on a `Waiter` (asynchronous policies), which
+measures the link; blocking waits for them at their run.
 """
 
 from __future__ import annotations
@@ -33,34 +33,43 @@ class PipelineP2P:
         self.sched, self.peers, self.links, self.shape, self.device = schedule, peers, links, activation_shape, device
         self.blocking, self.stats, self.estimates, self.rec = blocking, stats, link_estimates, rec
         self.waiter = None if blocking else Waiter("trirace-send")
+        self.posted: dict[Action, tuple[Handle, torch.Tensor, float]] = {}  # receives not yet taken
 
-    def exchange(self, group: list[Action], sends: dict[Action, torch.Tensor]) -> dict[Action, torch.Tensor]:
-        """Run one group of adjacent P2P actions; return the received tensors."""
+    def exchange(self, group: list[Action], sends: dict[Action, torch.Tensor]) -> None:
+        """Launch one run of adjacent P2P actions; its receives are collected by `take`."""
         step = self.sched.step_of(group[0].index)
         comm = self.peers[group[0].op][0]
-        ops, received = [], {}
+        ops = []
         for a in group:
             peer_comm, peer = self.peers[a.op]
             assert peer_comm is comm, "a run's transfers share the pipeline's communicator"
             if a.op in RECEIVES:
-                received[a] = torch.empty(self.shape, device=self.device)
-                ops.append(("recv", received[a], peer))
+                t = torch.empty(self.shape, device=self.device)
+                ops.append(("recv", t, peer))
             else:
                 ops.append(("send", sends[a], peer))
         t0, issued = time.perf_counter(), self.rec.now()
         handles = comm.p2p(ops)
         self.stats.add(step, transfers=len(group))
-        for a, h in zip(group, handles):
-            if a.op not in RECEIVES and not self.blocking:
-                self.waiter.add(h, self._sent(a, issued, sends[a]), keep=sends[a])
-        for a, h in zip(group, handles):
-            if a.op in RECEIVES or self.blocking:
-                h.wait()
-        now = self.rec.now()
-        for a in received:
-            self.rec.span("p2p recv", str(a), issued, now, waited_s=time.perf_counter() - t0)
-        self.stats.add(step, kind=Kind.P2P.value, exposed_s=time.perf_counter() - t0)
-        return received
+        for a, (_, t, _), h in zip(group, ops, handles):
+            if a.op in RECEIVES:
+                self.posted[a] = (h, t, issued)
+            elif not self.blocking:
+                self.waiter.add(h, self._sent(a, issued, t), keep=t)
+        if self.blocking:  # the run's sends, here
+            for a, h in zip(group, handles):
+                if a.op not in RECEIVES:
+                    h.wait()
+            self.stats.add(step, kind=Kind.P2P.value, exposed_s=time.perf_counter() - t0)
+
+    def take(self, a: Action) -> torch.Tensor:
+        """Receive `a`'s tensor, waiting for it if it has not arrived (exposed P2P time)."""
+        handle, t, issued = self.posted.pop(a)
+        t0 = time.perf_counter()
+        handle.wait()
+        self.stats.add(self.sched.step_of(a.index), kind=Kind.P2P.value, exposed_s=time.perf_counter() - t0)
+        self.rec.span("p2p recv", str(a), issued, self.rec.now(), waited_s=time.perf_counter() - t0)
+        return t
 
     def _sent(self, a: Action, t0: float, tensor: torch.Tensor):
         nbytes = tensor.numel() * tensor.element_size()
@@ -72,5 +81,9 @@ class PipelineP2P:
         return finished
 
     def close(self, failed: bool) -> None:
-        if not failed and self.waiter is not None:
+        if failed:
+            return
+        if self.waiter is not None:
             self.waiter.close()
+        for handle, _, _ in self.posted.values():  # nothing should be left; never leave a handle unwaited
+            handle.wait()

@@ -13,7 +13,7 @@ fixes, the same on every rank that shares the communicator:
 
 | thread            | launches                                   | at                                    |
 |-------------------|--------------------------------------------|---------------------------------------|
-| engine (main)     | a run's P2P batch (pipe)                   | the run's place in the action list    |
+| engine (main)     | a run's P2P batch (pipe); waits for a receive where its data is used | the run's place in the action list |
 |                   | gradient chunks (dp, hierarchy)            | the units launch_plan.py gives them; AR |
 |                   | norm contribution (norm, host), tie        | AR (or the last backward without replicas) |
 |                   | metrics, evaluation                        | after OPT                              |
@@ -76,12 +76,19 @@ class StageComm:
     def observe_compute(self, step: int, seconds: dict[Op, float]) -> None:
         self.driver.observe_compute(step, seconds)
 
-    def exchange(self, group: list[Action], sends: dict[Action, torch.Tensor]) -> dict[Action, torch.Tensor]:
+    def exchange(self, group: list[Action], sends: dict[Action, torch.Tensor]) -> None:
         cpu0 = time.thread_time()
         try:
-            return self.p2p.exchange(group, sends)
+            self.p2p.exchange(group, sends)
         finally:
             self.stats.add(self.sched.step_of(group[0].index), cpu_s=time.thread_time() - cpu0)
+
+    def take(self, a: Action) -> torch.Tensor:
+        cpu0 = time.thread_time()
+        try:
+            return self.p2p.take(a)
+        finally:
+            self.stats.add(self.sched.step_of(a.index), cpu_s=time.thread_time() - cpu0)
 
     def backward_begins(self, step: int, last: bool, unit: int) -> None:
         self.reduction.backward_begins(step, last, unit)

@@ -163,9 +163,9 @@ class _Rank:
             elif a.op is Op.F:
                 self.in_flight_mb += 1
                 self.peak_in_flight = max(self.peak_in_flight, self.in_flight_mb)
-                self._compute(a, self.work.forward_s)
+                self._received(a, lambda a=a: self._compute(a, self.work.forward_s))
             elif a.op is Op.B:
-                self._backward(a)
+                self._received(a, lambda a=a: self._backward(a))
             else:  # OPT, after the tied weight's reduction where there is one
                 self._update(a)
             if self.waiting is None:
@@ -264,29 +264,49 @@ class _Rank:
     # ------------------------------------------------------------ P2P
 
     def _exchange(self, group: list[Action]) -> None:
-        """One batch: the run's receives are posted with its sends; the engine waits for
-        the receives (and, blocking, for the sends)."""
+        """One batch: the run's receives are posted with its sends; blocking waits for its
+        sends here, every policy for a receive where its data is used (`_received`)."""
         sim = self.sim
-        recvs = [a for a in group if a.op in (Op.RF, Op.RB)]
-        sends = [a for a in group if a.op in (Op.SF, Op.SB)]
-        for a in recvs:
-            sim.p2p_posted(self, a)
-        msgs = [sim.p2p_send(self, a) for a in sends]
-        waits = [(a, sim.message_for_recv(self, a)) for a in recvs]
+        for a in group:
+            if a.op in (Op.RF, Op.RB):
+                sim.p2p_posted(self, a)
+        msgs = [sim.p2p_send(self, a) for a in group if a.op in (Op.SF, Op.SB)]
+        if not self.policy.blocking:
+            return
         t0 = sim.now
         step = sim.schedule.step_of_action(group[0])
 
         def complete() -> bool:
-            if not all(m.delivered for _, m in waits):
+            if not all(m.released for m in msgs):
                 return False
-            if self.policy.blocking and not all(m.released for m in msgs):
-                return False
-            for a, m in waits:
-                self.rec.span("p2p recv", str(a), max(m.posted_at, t0), sim.now, waited_s=sim.now - t0)
             self.stats(step).exposed["p2p"] += sim.now - t0
             return True
         if not complete():
             self._block(complete)
+
+    def _received(self, a: Action, then: Callable[[], None]) -> None:
+        """Run `then` once what compute `a` consumes from a neighbour has arrived."""
+        sim, s = self.sim, self.stage
+        need = (Action(Op.RF, a.index) if a.op is Op.F and s > 0 else
+                Action(Op.RB, a.index) if a.op is Op.B and s < sim.schedule.n_stages - 1 else None)
+        if need is None:
+            then()
+            return
+        m, t0 = sim.message_for_recv(self, need), sim.now
+        step = sim.schedule.step_of_action(a)
+
+        def arrived() -> bool:
+            if not m.delivered:
+                return False
+            self.rec.span("p2p recv", str(need), max(m.posted_at, t0), sim.now, waited_s=sim.now - t0)
+            self.stats(step).exposed["p2p"] += sim.now - t0
+            self.waiting = None
+            then()
+            return self.waiting is None
+        if m.delivered:
+            arrived()
+        else:
+            self._block(arrived)
 
     # ------------------------------------------------------------ gradient reduction
 
