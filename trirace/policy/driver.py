@@ -11,6 +11,10 @@ stage launches, and when, cannot drift between them:
 - gradient reduction of a step: `backward_begins` at the step's last backward places its
   chunks (launch_plan.py); `launches_after(u)` after every unit says what goes now;
   `deadline` at AR returns what is left; `chunk_done`, `reduced`, `close_step`.
+- `summed_at(u)`: the steps whose chunks the engine waits for after unit `u`, to issue
+  their norm contribution (gradnorm.py) early: one slot after the step's last chunk, or
+  its AR. Issued at AR, every stage would wait at OPT for the slowest to reach its AR, a
+  barrier between the stages of a pipeline that never flushes.
 - `observe_compute`: the per-action compute time every rank of the stage agrees on, which
   places later steps' chunks.
 
@@ -49,6 +53,7 @@ class StageDriver:
         self.chunks: dict[int, list[Chunk]] = {}
         self.placed: dict[int, list[Chunk]] = {}  # unit -> chunks launched after it
         self.unlaunched: dict[int, list[Chunk]] = {}  # step -> chunks placed but not launched yet
+        self.sum_points: dict[int, list[int]] = {}  # unit -> steps summed (waited for) after it
         self.done: set[Chunk] = set()
         self.last_kind: dict[int, Kind] = {}  # step -> kind of its last chunk to finish
         self.estimates: dict[int, dict[Op, float]] = {}  # step -> agreed seconds per action
@@ -91,6 +96,10 @@ class StageDriver:
         for u, cs in placed.items():
             self.placed.setdefault(u, []).extend(cs)
         self.unlaunched[step] = list(chunks)
+        at = launch_plan.slots(self.units, unit, deadline)
+        later = [u for u in at if placed and u > max(placed)]
+        if later and sum(map(len, placed.values())) == len(chunks):  # nothing left to the deadline
+            self.sum_points.setdefault(later[0], []).append(step)
         for old in [s for s in self.estimates if s < step - 2 * ESTIMATE_LAG]:
             del self.estimates[old]
 
@@ -100,6 +109,11 @@ class StageDriver:
         for c in out:
             self.unlaunched[c.step].remove(c)
         return out
+
+    def summed_at(self, unit: int) -> list[int]:
+        """Steps whose reduction the engine waits for right after unit `unit` (after its
+        launches), to issue their norm contribution there rather than at their AR."""
+        return self.sum_points.pop(unit, [])
 
     def deadline(self, step: int) -> list[Chunk]:
         """AR: the step's chunks no slot launched, to launch now; AR then waits for all."""

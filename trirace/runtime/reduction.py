@@ -4,10 +4,10 @@ The engine thread launches everything, at the units of its action list the stage
 names (policy/launch_plan.py): after the step's last backward and later units, the
 chunks placed there; at AR, whatever is left. A plain chunk's all-reduce is asynchronous
 and completes on a `Waiter`; a sparse exchange or a hierarchical all-reduce is several
-dependent collectives, which the engine runs to completion where it launches them. AR
-waits for every chunk of its step, then issues the step's norm contribution
-(gradnorm.py); where table and head are one weight, OPT reduces it across the ends of
-the pipeline. Blocking: AR runs every chunk in order, each to completion.
+dependent collectives, which the engine runs to completion where it launches them. One
+slot after the step's last chunk (or at AR) the engine waits for every chunk of the step
+and issues the step's norm contribution (gradnorm.py); AR then divides; where table and
+head are one weight, OPT reduces it across the ends of the pipeline. Blocking: AR runs every chunk in order, each to completion.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class Reduction:
         self.link = groups.plan.topology.link(driver.chunk_link)  # probed figures every replica agrees on
         self.cond = threading.Condition()  # chunk completions arrive on the waiter
         self.chunk_seqs: dict[Chunk, list[int]] = {}  # chunk -> seqs of its logged ops
+        self.summed: dict[int, tuple[list[Chunk], Kind]] = {}  # steps waited for and their norm issued
         self.error: BaseException | None = None
         self.waiter = Waiter("trirace-allreduce") if driver.reduces else None
 
@@ -58,6 +59,8 @@ class Reduction:
     def after_unit(self, unit: int) -> None:
         for c in self.driver.launches_after(unit):
             self._launch(c)
+        for step in self.driver.summed_at(unit):  # the plan's point to issue its norm, before AR
+            self._sum(step)
 
     def _launch(self, c: Chunk) -> None:
         t0, cpu0 = self.rec.now(), time.thread_time()
@@ -124,6 +127,23 @@ class Reduction:
 
     # ------------------------------------------------------------ AR and OPT (engine thread)
 
+    def _sum(self, step: int) -> None:
+        """Wait until every chunk of `step` is done, then issue the step's norm contribution,
+        which reads the summed gradient (before AR divides it)."""
+        t0 = time.perf_counter()
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.error is not None or self.driver.reduced(step),
+                                      timeout=self.timeout_s):
+                raise TimeoutError(f"step {step}'s gradient reduction made no progress in {self.timeout_s:.0f} s")
+            if self.error is not None:
+                raise RuntimeError("gradient reduction failed") from self.error
+            chunks, kind = self.driver.close_step(step)
+            seqs = [s for ch in chunks for s in self.chunk_seqs.pop(ch, [])]
+        self.log.wait(seqs)  # this thread blocked until they were done
+        self.norms.ready(step)
+        self.summed[step] = (chunks, kind)
+        self.stats.add(step, kind=kind.value, exposed_s=time.perf_counter() - t0)
+
     def reduce(self, step: int) -> None:
         """AR: block until step `step`'s gradients are averaged across replicas."""
         version = self.sched.version_of_step(step)
@@ -133,16 +153,9 @@ class Reduction:
             if driver.reduces:
                 for c in driver.deadline(step):
                     self._launch(c)
-                with self.cond:
-                    if not self.cond.wait_for(lambda: self.error is not None or driver.reduced(step),
-                                              timeout=self.timeout_s):
-                        raise TimeoutError(f"step {step}'s gradient reduction made no progress in "
-                                           f"{self.timeout_s:.0f} s")
-                    if self.error is not None:
-                        raise RuntimeError("gradient reduction failed") from self.error
-                    chunks, kind = driver.close_step(step)
-                    seqs = [s for ch in chunks for s in self.chunk_seqs.pop(ch, [])]
-                self.log.wait(seqs)  # this thread blocked until they were done
+                if step not in self.summed:
+                    self._sum(step)
+                chunks, kind = self.summed.pop(step)
             else:  # in order, each to completion, right here
                 flat = self.model.flat_grad(version)
                 for ch in driver.plan(step):
@@ -152,14 +165,14 @@ class Reduction:
                     driver.chunk_done(ch)
                     self.stats.add(step, transfers=1)
                 chunks, kind = driver.close_step(step)
-            # The norm reads the summed gradient before this thread divides it.
-            self.norms.ready(step)
+                # The norm reads the summed gradient before this thread divides it.
+                self.norms.ready(step)
+                self.stats.add(step, kind=kind.value, exposed_s=time.perf_counter() - t0)
             self.model.flat_grad(version).div_(self.g.layout.dp)
             if self.model.table is not None and driver.sparse_param is None:  # dense method: the table rode along
                 n = self.g.layout.dp
                 self.stats.add(step, embedding_bytes=2 * (n - 1) / n * 4 * self.model.numels[self.model.table],
                                embedding_method="dense")
-            self.stats.add(step, kind=kind.value, exposed_s=time.perf_counter() - t0)
             self.rec.flow(chunks[-1].name, f"OPT{step}")
 
     def before_update(self, step: int) -> None:

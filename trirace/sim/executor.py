@@ -136,6 +136,8 @@ class _Rank:
         self.group = sim.groups[stage]
         self.to_launch: deque[Chunk] = deque()  # chunks the plan puts after the unit just done
         self.inline: Chunk | None = None  # a chunk the engine runs to completion itself
+        self.to_sum: deque[int] = deque()  # steps whose reduction the plan waits for after that unit
+        self.summed: set[int] = set()  # steps waited for, their norm contribution issued
         self.waiting: Callable[[], bool] | None = None  # the condition the engine is blocked on
         self.wait_since = 0.0
         self.in_flight_mb = 0
@@ -150,9 +152,13 @@ class _Rank:
     def advance(self) -> None:
         """Run units until one has to wait (for a computation, a transfer or a reduction),
         launching after each the chunks the plan puts there, as runtime/engine.py does."""
-        while self.waiting is None and self.inline is None and (self.to_launch or self.pc < len(self.groups)):
+        while self.waiting is None and self.inline is None and (self.to_launch or self.to_sum
+                                                                  or self.pc < len(self.groups)):
             if self.to_launch:
                 self._launch(self.to_launch.popleft())
+                continue
+            if self.to_sum:
+                self._sum(self.to_sum.popleft())
                 continue
             group = self.groups[self.pc]
             a = group[0]
@@ -173,6 +179,7 @@ class _Rank:
 
     def _unit_done(self) -> None:
         self.to_launch.extend(self.driver.launches_after(self.pc))
+        self.to_sum.extend(self.driver.summed_at(self.pc))
         self.pc += 1
 
     def _update(self, a: Action) -> None:
@@ -334,6 +341,32 @@ class _Rank:
             self.advance()
         self._run_chunk(c, done)
 
+    def _sum(self, step: int) -> None:
+        """Wait for every chunk of `step`, then issue its norm contribution (runtime:
+        Reduction._sum)."""
+        t0 = self.sim.now
+
+        def complete() -> bool:
+            if not self.driver.reduced(step):
+                return False
+            self._gradient_final(step)
+            _, kind = self.driver.close_step(step)
+            self.stats(step).exposed[kind.value] += self.sim.now - t0
+            self.summed.add(step)
+            return True
+        if not complete():
+            self._block_then(complete)
+
+    def _block_then(self, until: Callable[[], bool]) -> None:
+        """Block the engine outside a unit (between units): on release, go on with advance."""
+        def ready() -> bool:
+            if not until():
+                return False
+            self.waiting = None
+            self.advance()
+            return False  # the unit was already done: resume must not count it again
+        self._block(ready)
+
     def _reduce(self, step: int) -> None:
         if not self.has_dp:
             return
@@ -350,6 +383,9 @@ class _Rank:
                 self._run_chunk(c, self.resume)
 
         def complete() -> bool:
+            if step in self.summed:
+                self.summed.discard(step)
+                return True
             if todo or not self.driver.reduced(step):
                 return False
             self._gradient_final(step)
