@@ -262,7 +262,7 @@ def receives_early(sched: Schedule, global_update: bool = True) -> Schedule:
     # every step: found on three steps of it, then checked on the whole.
     probe = schedule_for_policy(build_schedule(sched.kind, sched.n_stages, sched.micro_batches, min(sched.steps, 3)),
                                 True, False, global_update, early=False)
-    for ops in ((Op.RF, Op.RB), (Op.RB,), (Op.RF,)):
+    for ops in ((Op.RF, Op.RB), (Op.RF,), (Op.RB,)):
         if not _sound(_receives_before_compute(probe, ops), global_update):
             continue
         early = _receives_before_compute(sched, ops)

@@ -79,6 +79,9 @@ def place(policy: Policy, units: Sequence[Sequence[Action]], first: int, deadlin
         on_link = any(crosses(a) for unit in units[first:deadline] if unit[0].op.is_p2p for a in unit)
         if seconds is None or not on_link:
             return {at[0]: order}
+        # The first half of the window: the step's norm goes out halfway (driver.py), and
+        # its chunks should be done by then.
+        at = at[:max(1, len(at) // 2)]
         room = gaps(units, at, deadline, seconds, crosses)
         for i, u in enumerate(at):
             if i == len(at) - 1 or sum(map(chunk_s, order)) > sum(room[i:]):
