@@ -12,8 +12,8 @@ stage launches, and when, cannot drift between them:
   chunks (launch_plan.py); `launches_after(u)` after every unit says what goes now;
   `deadline` at AR returns what is left; `chunk_done`, `reduced`, `close_step`.
 - `summed_at(u)`: the steps whose chunks the engine waits for after unit `u`, to issue
-  their norm contribution (gradnorm.py) early: halfway to AR and after the step's last
-  chunk, or else at its AR. Issued at AR, every stage would wait at OPT for the slowest to reach its AR, a
+  their norm contribution (gradnorm.py) early: three quarters of the way to AR and after
+  the step's last chunk, or else at its AR. Issued at AR, every stage would wait at OPT for the slowest to reach its AR, a
   barrier between the stages of a pipeline that never flushes.
 - `observe_compute`: the per-action compute time every rank of the stage agrees on, which
   places later steps' chunks.
@@ -97,10 +97,11 @@ class StageDriver:
             self.placed.setdefault(u, []).extend(cs)
         self.unlaunched[step] = list(chunks)
         at = launch_plan.slots(self.units, unit, deadline)
-        # Halfway to AR at the earliest (the chunks have time to finish), after the last
-        # chunk at the latest: early enough that no stage waits at OPT for the slowest
-        # stage to reach its AR, late enough that the engine seldom waits for the chunks.
-        later = [u for u in at[len(at) // 2:] if placed and u > max(placed)]
+        # Three quarters of the way to AR at the earliest (the chunks have time to finish)
+        # and after the last chunk: early enough that no stage waits at OPT for the
+        # slowest stage to reach its AR, late enough that the engine seldom waits for the
+        # chunks.
+        later = [u for u in at[3 * len(at) // 4:] if placed and u > max(placed)]
         if later and sum(map(len, placed.values())) == len(chunks):  # nothing left to the deadline
             self.sum_points.setdefault(later[0], []).append(step)
         for old in [s for s in self.estimates if s < step - 2 * ESTIMATE_LAG]:

@@ -21,6 +21,9 @@ transfer a peer waits for leaves first.
   deadline stalls the stage). The token table's sparse item is never held: its bytes on
   the wire are a fraction of its size. With no compute estimate yet, or no P2P on the
   chunks' link, every chunk goes in the first slot.
+- Every policy launches the token table's sparse exchange first: the engine runs it to
+  completion where it launches it, and behind chunks queued on the same communicator it
+  would wait for all of them.
 
 The compute estimate is a per-action time every rank of the stage agrees on (the runtime's
 per-step metrics all-reduce, the simulator's own clock), so every replica places alike.
@@ -71,7 +74,10 @@ def place(policy: Policy, units: Sequence[Sequence[Action]], first: int, deadlin
     """Unit index -> the chunks launched right after it, in the agreed order. Chunks that
     no slot takes are left to the deadline (AR launches them)."""
     at = slots(units, first, deadline)
-    order = list(chunks)
+    # The token table's sparse exchange first: the engine runs it to completion where it
+    # launches it, and behind chunks already queued on the same communicator it would
+    # wait for all of them.
+    order = sorted(chunks, key=lambda c: c.kind is not Kind.SPARSE)
     out: dict[int, list[Chunk]] = {}
     if policy.blocking or not order:
         return out
@@ -79,8 +85,8 @@ def place(policy: Policy, units: Sequence[Sequence[Action]], first: int, deadlin
         on_link = any(crosses(a) for unit in units[first:deadline] if unit[0].op.is_p2p for a in unit)
         if seconds is None or not on_link:
             return {at[0]: order}
-        # The first half of the window: the step's norm goes out halfway (driver.py), and
-        # its chunks should be done by then.
+        # The first half of the window: the step's norm goes out three quarters of the way
+        # (driver.py), and its chunks should be done by then.
         at = at[:max(1, len(at) // 2)]
         room = gaps(units, at, deadline, seconds, crosses)
         for i, u in enumerate(at):

@@ -11,8 +11,8 @@ communication policy did before.
 When it is issued is what keeps it from deadlocking a pipeline without a flush. A stage's
 contribution goes out from the engine thread once its gradient of the step is summed over
 its replicas: at the end of the step's last backward when there are no replicas;
-otherwise at the point the plan gives it (policy/driver.py: halfway from the step's last
-backward to its AR, after its last chunk), or at AR. None waits for a later action of
+otherwise at the point the plan gives it (policy/driver.py: three quarters of the way
+from the step's last backward to its AR, after its last chunk), or at AR. None waits for a later action of
 the engine. Issued at AR, the contributions would make every stage wait at OPT for the
 slowest to reach its AR: a barrier at every step of a pipeline that never flushes. Only the
 update (OPT) waits for the result, and with OPT at its deadline every stage's contribution

@@ -15,7 +15,7 @@ fixes, the same on every rank that shares the communicator:
 |-------------------|--------------------------------------------|---------------------------------------|
 | engine (main)     | a run's P2P batch (pipe); waits for a receive where its data is used | the run's place in the action list |
 |                   | gradient chunks (dp, hierarchy)            | the units launch_plan.py gives them; AR |
-|                   | norm contribution (norm, host)             | halfway to AR after the step's last chunk, else AR; the last backward without replicas |
+|                   | norm contribution (norm, host)             | three quarters of the way to AR, after the step's last chunk, else AR; the last backward without replicas |
 |                   | tie                                        | OPT                                    |
 |                   | metrics, evaluation                        | after OPT                              |
 | waiters           | nothing: they wait for sends and chunks and report (chunk_done under the reduction's lock) | |
