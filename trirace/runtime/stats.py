@@ -11,8 +11,7 @@ from ..plan.topology import Topology
 
 class LinkEstimates:
     """Achieved throughput per link class, from completed transfers (an exponential moving
-    average). Local to a rank: it may inform when this rank launches, never what its group
-    must agree on."""
+    average), reported in the metrics. Local to a rank: no launch decision reads it."""
 
     def __init__(self, topo: Topology, weight: float = 0.2):
         self.weight = weight

@@ -347,15 +347,22 @@ class _Rank:
         t0 = self.sim.now
 
         def complete() -> bool:
-            if not self.driver.reduced(step):
+            if not self._close(step, t0):
                 return False
-            self._gradient_final(step)
-            _, kind = self.driver.close_step(step)
-            self.stats(step).exposed[kind.value] += self.sim.now - t0
             self.summed.add(step)
             return True
         if not complete():
             self._block_then(complete)
+
+    def _close(self, step: int, t0: float) -> bool:
+        """If every chunk of `step` is done: issue its norm contribution, forget the step and
+        count the wait since `t0` as exposed; False while a chunk is still running."""
+        if not self.driver.reduced(step):
+            return False
+        self._gradient_final(step)
+        _, kind = self.driver.close_step(step)
+        self.stats(step).exposed[kind.value] += self.sim.now - t0
+        return True
 
     def _block_then(self, until: Callable[[], bool]) -> None:
         """Block the engine outside a unit (between units): on release, go on with advance."""
@@ -386,12 +393,7 @@ class _Rank:
             if step in self.summed:
                 self.summed.discard(step)
                 return True
-            if todo or not self.driver.reduced(step):
-                return False
-            self._gradient_final(step)
-            _, kind = self.driver.close_step(step)
-            self.stats(step).exposed[kind.value] += sim.now - t0
-            return True
+            return not todo and self._close(step, t0)
         next_chunk()
         if not complete():
             self._block(complete)
