@@ -417,8 +417,9 @@ def _prepare(source: Path, root: Path, out: Path, files: list[Path], vocab: int 
                 done[_number(e)] = e
                 bar.update(sum(p.end - p.start for p in units[_number(e)]))
         else:
-            # fork: the workers start at once, with the tokenizer's module already imported.
-            with multiprocessing.get_context("fork").Pool(workers, initializer=_quiet_worker) as pool:
+            # spawn, not fork: a worker forked from a process with threads (torch, the
+            # tokenizer's pool) can inherit a held lock and never exit, hanging the pool's join.
+            with multiprocessing.get_context("spawn").Pool(workers, initializer=_quiet_worker) as pool:
                 for e in pool.imap_unordered(encode, todo):
                     done[_number(e)] = e
                     bar.update(sum(p.end - p.start for p in units[_number(e)]))
