@@ -418,11 +418,20 @@ def _prepare(source: Path, root: Path, out: Path, files: list[Path], vocab: int 
                 bar.update(sum(p.end - p.start for p in units[_number(e)]))
         else:
             # spawn, not fork: a worker forked from a process with threads (torch, the
-            # tokenizer's pool) can inherit a held lock and never exit, hanging the pool's join.
-            with multiprocessing.get_context("spawn").Pool(workers, initializer=_quiet_worker) as pool:
+            # tokenizer's pool) can inherit a held lock and never exit. The pool is closed,
+            # not terminated, once its work is done: terminate() takes the task queue's lock,
+            # which an idle worker holds while it waits for its next task.
+            pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_quiet_worker)
+            try:
                 for e in pool.imap_unordered(encode, todo):
                     done[_number(e)] = e
                     bar.update(sum(p.end - p.start for p in units[_number(e)]))
+                pool.close()
+            except BaseException:
+                pool.terminate()
+                raise
+            finally:
+                pool.join()
     except KeyboardInterrupt:
         bar.close()
         print(f"trirace: {len(done)} of {len(units)} shards are written; run the same command again to go on",

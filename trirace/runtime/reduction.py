@@ -3,17 +3,22 @@
 The engine thread launches everything, at the units of its action list the stage driver
 names (policy/launch_plan.py): after the step's last backward and later units, the
 chunks placed there; at AR, whatever is left. A plain chunk's all-reduce is asynchronous
-and completes on a `Waiter`; a sparse exchange or a hierarchical all-reduce is several
-dependent collectives, which the engine runs to completion where it launches them. One
-slot after the step's last chunk (or at AR) the engine waits for every chunk of the step
-and issues the step's norm contribution (gradnorm.py); AR then divides; where table and
-head are one weight, OPT reduces it across the ends of the pipeline. Blocking: AR runs every chunk in order, each to completion.
+and completes on a `Waiter`. A sparse exchange is several dependent collectives
+(sparse_exchange.py): the engine launches its first where the plan puts the chunk, and
+after each later unit waits for the one in flight and launches the next, so the exchange
+overlaps the step's computation a collective at a time. A hierarchical all-reduce runs to
+completion where it is launched. At the plan's sum point (or at AR) the engine finishes
+the step's exchanges, waits for every chunk of the step and issues the step's norm
+contribution (gradnorm.py); AR then divides; where table and head are one weight, OPT
+reduces it across the ends of the pipeline. Blocking: AR runs every chunk in order, each
+to completion.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -21,12 +26,23 @@ from ..obs.timeline import Recorder
 from ..plan import Schedule
 from ..plan.transfers import Chunk, Kind
 from ..policy.driver import StageDriver
-from .communicator import Waiter
+from .communicator import Handle, Waiter
 from .gradnorm import GradNorms
 from .groups import Groups
-from .sparse_exchange import exchange
+from .sparse_exchange import Phases, phases, run
 from .stage import StageModel
 from .stats import CommStats, LinkEstimates
+
+
+@dataclass
+class _Exchange:
+    """A sparse exchange under way: the collective in flight and what resumes it."""
+
+    chunk: Chunk
+    steps: Phases
+    handle: Handle
+    t0: float
+    cpu_s: float
 
 
 class Reduction:
@@ -42,6 +58,7 @@ class Reduction:
         self.chunk_seqs: dict[Chunk, list[int]] = {}  # chunk -> seqs of its logged ops
         self.summed: dict[int, tuple[list[Chunk], Kind]] = {}  # steps waited for and their norm issued
         self.error: BaseException | None = None
+        self.exchanges: list[_Exchange] = []  # sparse exchanges in flight, in launch order
         self.waiter = Waiter("trirace-allreduce") if driver.reduces else None
 
     # ------------------------------------------------------------ launches (engine thread)
@@ -57,6 +74,8 @@ class Reduction:
             self.norms.ready(step)
 
     def after_unit(self, unit: int) -> None:
+        for x in list(self.exchanges):  # each exchange in flight: its next collective
+            self._resume(x)
         for c in self.driver.launches_after(unit):
             self._launch(c)
         for step in self.driver.summed_at(unit):  # the plan's point to issue its norm, before AR
@@ -66,7 +85,10 @@ class Reduction:
         t0, cpu0 = self.rec.now(), time.thread_time()
         flat = self.model.flat_grad(self.sched.version_of_step(c.step))
         self.stats.add(c.step, transfers=1)
-        if c.kind is Kind.SPARSE or self.g.hierarchy is not None:  # dependent collectives: run them here
+        if c.kind is Kind.SPARSE:  # its first collective now, the others after later units
+            self._resume(_Exchange(c, self._exchange_rows(c), None, t0, 0.0))  # type: ignore[arg-type]
+            return
+        if self.g.hierarchy is not None:  # dependent collectives: run them here
             self._run_inline(c, flat)
             self.stats.add(c.step, cpu_s=time.thread_time() - cpu0)
             self._finished(c, t0, [])
@@ -83,9 +105,32 @@ class Reduction:
         carry the same values)."""
         return part if self.grad_dtype == part.dtype else part.to(self.grad_dtype)
 
+    def _resume(self, x: _Exchange) -> None:
+        """Wait for `x`'s collective in flight (none when it starts) and launch its next;
+        at its end, the chunk is done."""
+        cpu0 = time.thread_time()
+        if x.handle is not None:
+            x.handle.wait()
+        else:
+            self.exchanges.append(x)
+        try:
+            x.handle = next(x.steps)
+        except StopIteration:
+            self.exchanges.remove(x)
+            self.stats.add(x.chunk.step, cpu_s=x.cpu_s + time.thread_time() - cpu0)
+            self._finished(x.chunk, x.t0, [])
+            return
+        x.cpu_s += time.thread_time() - cpu0
+
+    def _finish_exchanges(self, step: int) -> None:
+        """Run step `step`'s exchanges still in flight to their end (the plan's sum point)."""
+        for x in [x for x in self.exchanges if x.chunk.step == step]:
+            while x in self.exchanges:
+                self._resume(x)
+
     def _run_inline(self, c: Chunk, flat: torch.Tensor) -> None:
         if c.kind is Kind.SPARSE:
-            self._exchange_rows(c)
+            run(self._exchange_rows(c))
             return
         part = flat[c.start:c.stop]
         wire = self._on_wire(part)
@@ -105,8 +150,9 @@ class Reduction:
                 land[0].copy_(land[1])
             t1 = self.rec.now()
             self.rec.span("sparse" if c.kind is Kind.SPARSE else "allreduce", c.name, t0, t1, bytes=c.nbytes)
-            n = self.g.layout.dp
-            self.links.observe(self.driver.chunk_link, c.nbytes * 2 * (n - 1) / n, t1 - t0, self.rec)
+            if c.kind is Kind.ALLREDUCE:  # (an exchange's span holds the units it was spread over)
+                n = self.g.layout.dp
+                self.links.observe(self.driver.chunk_link, c.nbytes * 2 * (n - 1) / n, t1 - t0, self.rec)
         except BaseException as e:  # noqa: BLE001
             self.error = self.error or e
         finally:
@@ -115,15 +161,16 @@ class Reduction:
                 self.driver.chunk_done(c)
                 self.cond.notify_all()
 
-    def _exchange_rows(self, c: Chunk) -> None:
+    def _exchange_rows(self, c: Chunk) -> Phases:
         """The token table's gradient: only the rows some replica touched cross the link."""
         t0 = self.rec.now()
         view = self.model.grad_view(self.sched.version_of_step(c.step), c.params[0])
-        _, st = exchange(view, group=self.g.dp, method=self.embedding_method, out=view,
-                         alpha_s=self.link.latency_s, bytes_per_s=self.link.bytes_per_s)
+        out, st = yield from phases(view, group=self.g.dp, method=self.embedding_method, out=view,
+                                    alpha_s=self.link.latency_s, bytes_per_s=self.link.bytes_per_s)
         self.rec.span("sparse", c.name, t0, self.rec.now(), method=st["method"], bytes=st["bytes_sent"],
                       rows=st["rows"])
         self.stats.add(c.step, embedding_bytes=st["bytes_sent"], embedding_method=st["method"])
+        return out, st
 
     # ------------------------------------------------------------ AR and OPT (engine thread)
 
@@ -131,6 +178,7 @@ class Reduction:
         """Wait until every chunk of `step` is done, then issue the step's norm contribution,
         which reads the summed gradient (before AR divides it)."""
         t0 = time.perf_counter()
+        self._finish_exchanges(step)
         with self.cond:
             if not self.cond.wait_for(lambda: self.error is not None or self.driver.reduced(step),
                                       timeout=self.timeout_s):

@@ -19,11 +19,16 @@ itself, ring all-reduce 2(N-1)/N of the buffer.
 
 from __future__ import annotations
 
+from collections.abc import Generator
+
 import torch
 import torch.distributed as dist
 
 from ..policy.sparse import ALPHA_S, BYTES_PER_S, INDEX_BYTES, METHODS, choose, owner_of, owner_range
-from .communicator import Communicator
+from .communicator import Communicator, Handle
+
+
+Phases = Generator[Handle, None, tuple[torch.Tensor, dict]]
 
 
 def exchange(grad: torch.Tensor, group: Communicator | dist.ProcessGroup | None = None, method: str = "auto", *,
@@ -38,6 +43,27 @@ def exchange(grad: torch.Tensor, group: Communicator | dist.ProcessGroup | None 
     table per call. `alpha_s` / `bytes_per_s` parameterise the cost model "auto" uses; like
     `method`, they must be the same on every rank of the group. `group` is a Communicator
     (each collective is then logged) or a plain process group (None: the world)."""
+    return run(phases(grad, group, method, out=out, alpha_s=alpha_s, bytes_per_s=bytes_per_s))
+
+
+def run(steps: Phases) -> tuple[torch.Tensor, dict]:
+    """Drive an exchange's phases to the end here, waiting for each collective in turn."""
+    try:
+        handle = next(steps)
+        while True:
+            handle.wait()
+            handle = steps.send(None)
+    except StopIteration as done:
+        return done.value
+
+
+def phases(grad: torch.Tensor, group: Communicator | dist.ProcessGroup | None = None, method: str = "auto", *,
+           out: torch.Tensor | None = None, alpha_s: float = ALPHA_S, bytes_per_s: float = BYTES_PER_S) -> Phases:
+    """`exchange` as a generator: it launches one collective at a time and yields its
+    handle; the caller waits for it (where and when it likes, the same on every rank) and
+    resumes the generator, which reads what arrived and launches the next. It returns what
+    `exchange` returns. So the runtime spreads an exchange over the units of a step, one
+    collective per unit, instead of holding its engine until the last one lands."""
     if grad.dim() != 2:
         raise ValueError(f"expected a [V, d] gradient, got shape {tuple(grad.shape)}")
     if method not in (*METHODS, "auto"):
@@ -47,6 +73,12 @@ def exchange(grad: torch.Tensor, group: Communicator | dist.ProcessGroup | None 
         out = torch.zeros(vocab, dim, dtype=grad.dtype, device=grad.device)
     elif out.shape != grad.shape or out.dtype != grad.dtype or out.device != grad.device or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {tuple(grad.shape)} {grad.dtype} tensor on {grad.device}")
+    return _phases(grad, group, method, out, alpha_s, bytes_per_s)
+
+
+def _phases(grad: torch.Tensor, group: Communicator | dist.ProcessGroup | None, method: str, out: torch.Tensor,
+            alpha_s: float, bytes_per_s: float) -> Phases:
+    vocab, dim = grad.shape
     comm = group if isinstance(group, Communicator) else Communicator.plain(group, grad.device)
     n, rank = comm.size, comm.my_index
     if method == "dense" and not grad.is_sparse:  # only the count is wanted: copy no rows
@@ -59,13 +91,13 @@ def exchange(grad: torch.Tensor, group: Communicator | dist.ProcessGroup | None 
         idx, vals = touched_rows(grad)
         k = idx.numel()
     sent = 0
+    counts: list[int] | None = None
     if method == "auto":
-        kmax = torch.tensor([k], dtype=torch.int64, device=grad.device)
+        # Every rank's row count: the largest picks the method, and allgather pads to it.
         if n > 1:
-            comm.all_reduce(kmax, op=dist.ReduceOp.MAX).wait()
-            sent += _all_reduce_bytes(kmax, n)
-        comm.log.host_read("sparse exchange: largest row count .item()")
-        method = choose(n, vocab, dim, int(kmax.item()), elem_bytes=grad.element_size(),
+            counts = yield from _gather_counts(k, comm, n, grad.device)
+            sent += (n - 1) * INDEX_BYTES
+        method = choose(n, vocab, dim, max(counts or [k]), elem_bytes=grad.element_size(),
                         alpha_s=alpha_s, bytes_per_s=bytes_per_s)
     if n == 1 or method == "dense":
         if grad.is_sparse:
@@ -74,14 +106,14 @@ def exchange(grad: torch.Tensor, group: Communicator | dist.ProcessGroup | None 
         elif out is not grad:
             out.copy_(grad)
         if n > 1:
-            comm.all_reduce(out).wait()
+            yield comm.all_reduce(out)
             sent += _all_reduce_bytes(out, n)
     elif method == "allgather":
         assert idx is not None and vals is not None
-        sent += _allgather(idx, vals, out, comm, n)
+        sent += yield from _allgather(idx, vals, out, comm, n, counts)
     else:
         assert idx is not None and vals is not None
-        sent += _alltoall(idx, vals, out, comm, n, rank)
+        sent += yield from _alltoall(idx, vals, out, comm, n, rank)
     return out, {"method": method, "bytes_sent": sent, "rows": k}
 
 
@@ -123,19 +155,24 @@ def _records(rows: int, vals: torch.Tensor) -> torch.Tensor:
                        device=vals.device)
 
 
-def _gather_counts(count: int, comm: Communicator, n: int, device: torch.device) -> list[int]:
+def _gather_counts(count: int, comm: Communicator, n: int, device: torch.device
+                   ) -> Generator[Handle, None, list[int]]:
     out = torch.empty(n, dtype=torch.int64, device=device)
-    comm.all_gather_into(out, torch.tensor([count], dtype=torch.int64, device=device)).wait()
+    yield comm.all_gather_into(out, torch.tensor([count], dtype=torch.int64, device=device))
     comm.log.host_read("sparse exchange: gathered row counts .tolist()")
     return out.tolist()
 
 
-def _gather_records(idx: torch.Tensor, vals: torch.Tensor, comm: Communicator, n: int
-                    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
-    """All-gather every rank's (idx, vals), padded to the largest count (agreed first).
-    Returns per-rank (idx, vals) in rank order, and the bytes this rank sent."""
-    counts = _gather_counts(idx.numel(), comm, n, vals.device)
-    sent = (n - 1) * INDEX_BYTES
+def _gather_records(idx: torch.Tensor, vals: torch.Tensor, comm: Communicator, n: int,
+                    counts: list[int] | None = None
+                    ) -> Generator[Handle, None, tuple[list[tuple[torch.Tensor, torch.Tensor]], int]]:
+    """All-gather every rank's (idx, vals), padded to the largest count (agreed first,
+    unless `counts` already holds every rank's). Returns per-rank (idx, vals) in rank
+    order, and the bytes this rank sent."""
+    sent = 0
+    if counts is None:
+        counts = yield from _gather_counts(idx.numel(), comm, n, vals.device)
+        sent += (n - 1) * INDEX_BYTES
     kmax = max(counts)
     if kmax == 0:  # known to every rank: all skip the data collective together
         return [(idx, vals)] * n, sent
@@ -143,14 +180,15 @@ def _gather_records(idx: torch.Tensor, vals: torch.Tensor, comm: Communicator, n
     _pack(idx, vals, rec)
     rec[idx.numel():].zero_()  # padding is never read, but ship no stale memory
     got = _records(n * kmax, vals)
-    comm.all_gather_into(got, rec).wait()
+    yield comm.all_gather_into(got, rec)
     gi, gv = _unpack(got, vals.dtype)
     return [(gi[r * kmax:r * kmax + c], gv[r * kmax:r * kmax + c]) for r, c in enumerate(counts)], \
         sent + (n - 1) * rec.numel()
 
 
-def _allgather(idx: torch.Tensor, vals: torch.Tensor, out: torch.Tensor, comm: Communicator, n: int) -> int:
-    parts, sent = _gather_records(idx, vals, comm, n)
+def _allgather(idx: torch.Tensor, vals: torch.Tensor, out: torch.Tensor, comm: Communicator, n: int,
+               counts: list[int] | None) -> Generator[Handle, None, int]:
+    parts, sent = yield from _gather_records(idx, vals, comm, n, counts)
     _sum_rows(out, parts)
     return sent
 
@@ -174,19 +212,19 @@ def local_passes(grad: torch.Tensor, out: torch.Tensor, n: int) -> None:
 
 
 def _alltoall(idx: torch.Tensor, vals: torch.Tensor, out: torch.Tensor, comm: Communicator, n: int,
-              rank: int) -> int:
+              rank: int) -> Generator[Handle, None, int]:
     vocab, dev, rec_bytes = out.shape[0], vals.device, INDEX_BYTES + vals.shape[1] * vals.element_size()
     # Rows are sorted and owners hold contiguous ranges: the records split in owner order.
     send = torch.bincount(owner_of(idx, n, vocab), minlength=n)
     recv = torch.empty_like(send)
-    comm.all_to_all_single(recv, send).wait()
+    yield comm.all_to_all_single(recv, send)
     comm.log.host_read("sparse exchange: all-to-all splits .tolist()")
     send_l, recv_l = send.tolist(), recv.tolist()
     sent = (n - 1) * INDEX_BYTES + (idx.numel() - send_l[rank]) * rec_bytes
     rec = _records(idx.numel(), vals)
     _pack(idx, vals, rec)
     got = _records(sum(recv_l), vals)
-    comm.all_to_all_single(got, rec, recv_l, send_l).wait()
+    yield comm.all_to_all_single(got, rec, recv_l, send_l)
     gi, gv = _unpack(got, vals.dtype)
     # The owner sums its rows straight into its slice of `out`, sources in rank order: it
     # is the only adder, so the order is fixed and the others copy its bits.
@@ -202,7 +240,7 @@ def _alltoall(idx: torch.Tensor, vals: torch.Tensor, out: torch.Tensor, comm: Co
     comm.log.host_read("sparse exchange: owned rows (nonzero)")
     mine = touched.nonzero().squeeze(1)
     # Share the reduced rows back: each owner's rows once, padded to the largest owner's.
-    parts, b = _gather_records(mine + lo, acc.index_select(0, mine), comm, n)
+    parts, b = yield from _gather_records(mine + lo, acc.index_select(0, mine), comm, n)
     for r, (i, v) in enumerate(parts):
         if r != rank:  # its own rows are in place already
             out.index_copy_(0, i, v)

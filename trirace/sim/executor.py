@@ -10,8 +10,10 @@ at AR launches the rest, and `observe_compute` after OPT feeds the compute figur
 steps before, as the runtime's lagged metrics do. So the two cannot decide differently.
 What the runtime's engine and gloo do is mirrored too: a run of transfers posts its
 receives with its sends, a transfer moves once both ends are posted, asynchronous
-all-reduces queue on the group's `collective_streams` workers, while sparse exchanges and
-hierarchical all-reduces hold the engine until they end.
+all-reduces and sparse exchanges queue on the group's `collective_streams` workers, while
+hierarchical all-reduces hold the engine until they end. (The runtime launches an
+exchange's collectives one per unit, each after the previous lands; here they run back to
+back, which is the same wherever a unit outlasts a collective.)
 Every OPT waits for the step's global gradient norm (runtime/gradnorm.py): a world-wide
 all-reduce to which each rank contributes once its gradient of the step is summed over its
 replicas, so no stage updates before every stage has reduced.
@@ -328,8 +330,7 @@ class _Rank:
         self.group.submit(self.replica, c.name, self.work.collective(c), done)
 
     def _launch(self, c: Chunk) -> None:
-        """The engine launches `c`; a sparse exchange or a hierarchical all-reduce holds it
-        until it ends."""
+        """The engine launches `c`; a hierarchical all-reduce holds it until it ends."""
         if not self.work.inline(c):
             self._run_chunk(c, self.resume)
             return

@@ -166,7 +166,7 @@ def simulate(cfg: TrainConfig, cluster: Cluster, policy: str, calibration: Calib
                                 _collective(st.stage, fabric, topo, st.hierarchical, method, rows, spec.vocab_size,
                                             spec.d_model, cluster.collective_factor,
                                             calibration.sparse_local_s if calibration is not None else 0.0),
-                                lambda c, h=st.hierarchical: c.kind is Kind.SPARSE or h, st.sparse_param,
+                                lambda c, h=st.hierarchical: h and c.kind is Kind.ALLREDUCE, st.sparse_param,
                                 st.grad_elem_size))
     hier = [st.hierarchical for st in plan.stages]
     sched = plan.schedule
