@@ -12,9 +12,10 @@ stage launches, and when, cannot drift between them:
   chunks (launch_plan.py); `launches_after(u)` after every unit says what goes now;
   `deadline` at AR returns what is left; `chunk_done`, `reduced`, `close_step`.
 - `summed_at(u)`: the steps whose chunks the engine waits for after unit `u`, to issue
-  their norm contribution (gradnorm.py) early: three quarters of the way to AR and after
-  the step's last chunk, or else at its AR. Issued at AR, every stage would wait at OPT for the slowest to reach its AR, a
-  barrier between the stages of a pipeline that never flushes.
+  their norm contribution (gradnorm.py) early: three quarters of the way to AR, after the
+  step's last chunk and, by the compute estimate, after its chunks can have crossed the
+  link; or else at its AR. Issued at AR, every stage would wait at OPT for the slowest to
+  reach its AR, a barrier between the stages of a pipeline that never flushes.
 - `observe_compute`: the per-action compute time every rank of the stage agrees on, which
   places later steps' chunks.
 
@@ -101,11 +102,23 @@ class StageDriver:
         # and after the last chunk: early enough that no stage waits at OPT for the
         # slowest stage to reach its AR, late enough that the engine seldom waits for the
         # chunks.
+        # Where the compute estimate says the chunks, back to back at the agreed rate from
+        # their first slot, are not done by then, later still (or at AR): waiting for a
+        # link-bound reduction early only exposes the wait.
         later = [u for u in at[3 * len(at) // 4:] if placed and u > max(placed)]
+        est = self._estimate(step)
+        if later and est is not None:
+            need = sum(self.chunk_seconds(c) for c in chunks if c.kind is Kind.ALLREDUCE)
+            start = min(placed)
+            later = [u for u in later if self._compute_between(start, u, est) >= need]
         if later and sum(map(len, placed.values())) == len(chunks):  # nothing left to the deadline
             self.sum_points.setdefault(later[0], []).append(step)
         for old in [s for s in self.estimates if s < step - 2 * ESTIMATE_LAG]:
             del self.estimates[old]
+
+    def _compute_between(self, start: int, end: int, est: dict[Op, float]) -> float:
+        """Predicted seconds of computation in the units after `start`, up to `end`."""
+        return sum(est.get(a.op, 0.0) for u in self.units[start + 1:end + 1] for a in u if not a.op.is_p2p)
 
     def launches_after(self, unit: int) -> list[Chunk]:
         """The chunks to launch now that unit `unit` is done, in the agreed order."""

@@ -21,8 +21,8 @@ transfer a peer waits for leaves first.
   deadline stalls the stage). The token table's sparse item is never held: its bytes on
   the wire are a fraction of its size. With no compute estimate yet, or no P2P on the
   chunks' link, every chunk goes in the first slot.
-- Every policy launches the token table's sparse exchange first: the engine runs it to
-  completion where it launches it, and behind chunks queued on the same communicator it
+- Every policy launches the token table's sparse exchange first: the engine waits for
+  each of its collectives in turn, and behind chunks queued on the same communicator each
   would wait for all of them.
 
 The compute estimate is a per-action time every rank of the stage agrees on (the runtime's
