@@ -72,8 +72,9 @@ JOB_FIELDS = ("model", "pp", "dp", "schedule", "micro_batches", "micro_batch_siz
 def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=4, help="emulated nodes (default: 4)")
     p.add_argument("--ranks-per-node", type=int, default=1, help="ranks per node (default: 1)")
-    p.add_argument("--link", default="250mbit", help="each node's link rate, or 'none' for plain loopback "
-                   "(default: 250mbit, where communication is comparable to computation here)")
+    p.add_argument("--link", help="each node's link rate, or 'none' for plain loopback (default: 250mbit, where "
+                   "communication is comparable to computation here; under --emulate PRESET, the preset's "
+                   "inter-node rate / (dilation x byte scale))")
     p.add_argument("--mtu", type=int, default=9000, help="MTU of the emulated links (default: 9000)")
 
 
@@ -322,8 +323,12 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown system {bad[0]!r}; choose from {', '.join(SYSTEMS)}")
     if args.rounds < 1:
         raise UsageError("--rounds must be at least 1")
-    cluster = bench.Cluster(args.nodes, args.ranks_per_node, None if args.link == "none" else args.link, args.mtu)
+    preset = _emulated_preset(args)
     cfg = _config(args, steps=8)
+    link = args.link or "250mbit"
+    if preset is not None and args.link is None:
+        link = _emulated_link(cfg, preset)
+    cluster = bench.Cluster(args.nodes, args.ranks_per_node, None if link == "none" else link, args.mtu)
     out = Path(args.out)
     if args.matrix:
         return _bench_matrix(args, cfg, systems, out)
@@ -338,7 +343,7 @@ def _bench(args: argparse.Namespace) -> int:
     print(f"bench: {cfg.model.name} {cfg.parallel.schedule} pp={cfg.parallel.pp} dp={cfg.parallel.dp} m={cfg.parallel.micro_batches}, "
           f"{cfg.tokens_per_step} tokens/step; {cluster.describe()}; {args.rounds} round(s) x {cfg.steps} steps "
           f"per system: {', '.join(systems)}", file=sys.stderr, flush=True)
-    payload = bench.run(cfg, cluster, systems, args.rounds)
+    payload = bench.run(cfg, cluster, systems, args.rounds, emulated=preset.name if preset is not None else None)
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(payload, indent=2)
     (out / "bench.json").write_text(text)
@@ -355,6 +360,34 @@ def _bench(args: argparse.Namespace) -> int:
     print(table)
     print(f"wrote {out}/bench.json, bench.md, bench.png", file=sys.stderr)
     return 0
+
+
+def _emulated_preset(args: argparse.Namespace):
+    """--emulate names a GPU (h100) or a cluster preset (h100-100gbe): for a preset, the
+    job emulates its device and the testbed its links (the preset is returned)."""
+    from .sim.cluster import PRESETS
+
+    if args.emulate is None or args.emulate not in PRESETS:
+        return None
+    preset = PRESETS[args.emulate]
+    if preset.device.name == "cpu-core":
+        raise UsageError(f"--emulate {args.emulate}: that preset is this machine, not a GPU cluster")
+    args.emulate = preset.device.name
+    return preset
+
+
+def _emulated_link(cfg, preset) -> str:
+    """The testbed's inter-node rate for an emulated preset: the preset's / (K x s), so a
+    transfer of 1/s of the bytes takes K times its real time."""
+    from .testbed.rate import tc_rate
+
+    em = cfg.emulation
+    bits = preset.inter.bytes_per_s * 8 / (em.dilation * em.byte_scale)
+    intra = preset.intra.bytes_per_s * 8 / (em.dilation * em.byte_scale)
+    print(f"emulating {preset.name}: {em.device} at {em.dilation:g}x its time, 1/{em.byte_scale} of the bytes; "
+          f"inter-node links {bits / 1e6:.0f} Mbit/s; intra-node traffic runs on this machine's loopback, "
+          f"not at {intra / 1e9:.1f} Gbit/s (NVLink / (K x s))", file=sys.stderr)
+    return tc_rate(bits)
 
 
 def _bench_matrix(args: argparse.Namespace, cfg, systems: tuple[str, ...], out: Path) -> int:
@@ -464,7 +497,7 @@ def _testbed(args: argparse.Namespace) -> int:
     from . import testbed
 
     if args.action == "up":
-        link = None if args.link == "none" else args.link
+        link = None if args.link == "none" else (args.link or "250mbit")
         if link is None:
             raise UsageError("testbed up needs a link rate, e.g. --link 250mbit")
         tb = testbed.up(args.nodes, args.ranks_per_node, link, mtu=args.mtu)

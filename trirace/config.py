@@ -13,6 +13,8 @@ import it; it imports only the model registry and the plan's pure checks.
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,11 +23,16 @@ from pydantic.fields import FieldInfo
 
 from .errors import ConfigError, UsageError
 from .yamlfile import read_mapping
-from .models import PRESETS, ModelSpec, layer_names
+from .models import PRESETS, ModelSpec, layer_names, layer_param_counts
+from .models.build import layer_flops
 from .models.custom import spec_of
+from .models.devices import device_named, flop_times
+from .models.emulated import Emulation, emulated_spec
 from .models.shape_file import resolve as resolve_model
 from .plan.partition import check_sizes
 from .plan.layout import Layout, is_order
+
+EMULATED_STEP_S = 2.0  # --emulate's default dilation aims a stage's computation per step at this
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no --lr inf, no nan timeouts
 
@@ -51,6 +58,15 @@ class ModelOptions(BaseModel):
     # Set by trirace.train(cfg, model=LayerModel(...)): how every process finds your layers
     # (models/custom.py). Not a flag.
     layer_model: dict | None = Field(None, description="(Python API) a reference to your own layer list")
+    emulate: str | None = Field(
+        None, description="emulate a GPU cluster: each layer sleeps its time on this GPU (h100, a100, h200) and "
+        "carries 1/byte-scale of its bytes (see docs/emulation.md)")
+    dilation: float | None = Field(
+        None, ge=1, description="with --emulate: computation takes this many times its GPU time (default: about "
+        f"{EMULATED_STEP_S:g} s of computation per step)")
+    byte_scale: int | None = Field(
+        None, ge=1, description="with --emulate: tensors hold 1/N of the real bytes (default: the smallest power of "
+        "2 that puts the fp32 weights in 128 MiB and a micro-batch's activation in 2 MiB)")
 
     @field_validator("name")
     @classmethod
@@ -61,6 +77,16 @@ class ModelOptions(BaseModel):
             resolve_model(v)
         except UsageError as e:  # pydantic reports only ValueErrors raised in validators
             raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("emulate")
+    @classmethod
+    def _known_device(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                device_named(v)
+            except UsageError as e:
+                raise ValueError(str(e)) from None
         return v
 
 
@@ -248,6 +274,10 @@ class TrainConfig(BaseModel):
         m, par, opt = self.model, self.parallel, self.optim
         if (m.name == "custom") != (m.layer_model is not None):
             raise ValueError("model 'custom' comes with layer_model, from trirace.train(cfg, model=LayerModel(...))")
+        if m.emulate is None and (m.dilation is not None or m.byte_scale is not None):
+            raise ValueError("dilation and byte_scale come with emulate (--emulate h100)")
+        if m.emulate is not None and m.layer_model is not None:
+            raise ValueError("emulate prices a preset's or shape file's layers, not your own layer list")
         try:
             spec = self.spec
         except UsageError as e:
@@ -297,9 +327,39 @@ class TrainConfig(BaseModel):
     # Derived values, so that callers never recompute defaults differently.
     @property
     def spec(self) -> ModelSpec:
+        """The model the job trains: with --emulate, its emulated layers (models/emulated.py)."""
+        em = self.emulation
+        return emulated_spec(self.real_spec, em) if em is not None else self.real_spec
+
+    @property
+    def real_spec(self) -> ModelSpec:
+        """The model's own shape (what --emulate prices and scales)."""
         m = self.model
         spec = spec_of(m.layer_model) if m.layer_model is not None else resolve_model(m.name)
         return spec.with_(tie_embeddings=True) if m.tie_embeddings and spec.custom is None else spec
+
+    @property
+    def emulation(self) -> Emulation | None:
+        m, par = self.model, self.parallel
+        if m.emulate is None:
+            return None
+        spec, device = self.real_spec, device_named(m.emulate)
+        times = flop_times(layer_flops(spec, par.micro_batch_size, self.tokens_seq), device, self.optim.optimizer)
+        if m.recompute:  # each block's forward again inside its backward
+            times = replace(times, backward_s=tuple(b + f if n.startswith("block") else b for n, f, b in
+                                                    zip(layer_names(spec), times.forward_s, times.backward_s)))
+        dilation = m.dilation
+        if dilation is None:  # about EMULATED_STEP_S of computation per stage and step, two digits
+            step = par.micro_batches * (sum(times.forward_s) + sum(times.backward_s)) / par.pp
+            k = max(1.0, EMULATED_STEP_S / step)
+            dilation = float(f"{k:.2g}")
+        scale = m.byte_scale
+        if scale is None:
+            weights = 4 * sum(layer_param_counts(spec))
+            activation = 4 * par.micro_batch_size * self.tokens_seq * spec.d_model
+            need = max(1.0, weights / (128 << 20), activation / (2 << 20))
+            scale = 1 << math.ceil(math.log2(need))
+        return Emulation(device.name, dilation, scale, times)
 
     @property
     def world_size(self) -> int:
@@ -307,7 +367,7 @@ class TrainConfig(BaseModel):
 
     @property
     def tokens_seq(self) -> int:
-        return self.parallel.seq_len or min(self.spec.max_seq_len, 128)
+        return self.parallel.seq_len or min(self.real_spec.max_seq_len, 128)
 
     @property
     def activation_shape(self) -> tuple[int, int, int]:

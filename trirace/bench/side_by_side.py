@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import TrainConfig
+from ..models import layer_param_counts
 from ..errors import UsageError
 from ..plan.bounds import (DRAIN_STEPS, WARMUP_STEPS, Bound, lower_bound, per_rank_median, plan_link_bytes,
                            steady_steps)
@@ -65,6 +66,8 @@ class Result:
     # the reporter's host over the steady steps: each kind's share of all its cores' time
     # (runtime/hostcpu.py); idle and irq are what no rank's CPU counts
     host_cpu_share: dict[str, float] | None = None
+    # --emulate PRESET: the simulator's step on the preset, times the dilation
+    simulated_s: float | None = None
 
 
 @contextmanager
@@ -94,16 +97,20 @@ def check(base: TrainConfig, cluster: Cluster) -> None:
                          f"{cluster.ranks_per_node} ranks")
 
 
-def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS, rounds: int = 3) -> dict:
+def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS, rounds: int = 3,
+        emulated: str | None = None) -> dict:
+    """`emulated`: the cluster preset an --emulate job stands for; the simulator's
+    prediction of it (times the dilation) goes beside each policy's measured step."""
     check(base, cluster)
     allocator.use()  # before the workers start: every system's worker inherits it
     with _testbed(cluster) as (rank_command, rank_env, topo_file):
         nominal = _nominal_topology(cluster, base.world_size)
         base = prepare(base.with_(topology=topo_file, progress=False, metrics_out=None, trace_out=None,
                                   tensorboard=None))
-        # One placement for every system (the peer included): what trirace's planner picks.
-        order = plan_job(base, nominal, lambda: measure_layers(base)).layout.order
-        base = base.with_(rank_order=order)
+        # One placement and partition for every system (the peer included): what trirace's
+        # planner picks.
+        picked = plan_job(base, nominal, lambda: measure_layers(base))
+        base = base.with_(rank_order=picked.layout.order, partition=[len(st.layers) for st in picked.stages])
         cfgs, names = [], []
         for _ in range(rounds):
             for sysname in systems:
@@ -146,11 +153,28 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
                               per_rank_median(rows[s], "rank_cpu_s") if s in measured else None,
                               per_rank_median(rows[s], "rank_wakeups", per_second=True) if s in measured else None,
                               every[s], every_cpu[s] or None, host_share(rows[s])))
+    if emulated is not None:
+        predicted = simulated(base, cluster, emulated, [s for s in systems if s != "torch-1f1b"])
+        for r in results:
+            r.simulated_s = predicted.get(r.system)
     return {"config": {**{k: v for k, v in base.flat(mode="json").items() if k != "topology"}, "cluster": asdict(cluster),
                        "rounds": rounds, "warmup_steps": WARMUP_STEPS, "drain_steps": DRAIN_STEPS,
                        "lower_bound": {**asdict(reference), "binding": reference.binding,
                                        "of": measured[0]}},
             "results": [asdict(r) for r in results]}
+
+
+def simulated(cfg: TrainConfig, cluster: Cluster, preset: str, policies: list[str]) -> dict[str, float]:
+    """The simulator's step for each policy on the real cluster the emulated job stands for
+    (the same partition and placement, device times from the same figures, no shared
+    cores), times the dilation: what the emulated run should measure."""
+    from ..sim.cluster import load_cluster
+    from ..sim.simulate import simulate
+
+    em = cfg.emulation
+    real = cfg.with_(emulate=None, dilation=None, byte_scale=None, topology=None)
+    target = load_cluster(preset, nodes=cluster.nodes, ranks_per_node=cluster.ranks_per_node)
+    return {p: em.dilation * simulate(real, target, p).iteration_time_s for p in policies}
 
 
 def host_share(rows: list[dict]) -> dict[str, float] | None:
@@ -178,20 +202,38 @@ def _link_load(cfg: TrainConfig, topo: Topology, rows: list[dict]) -> dict[tuple
 
 
 def _bound(cfg: TrainConfig, topo: Topology, rows: list[dict], load: dict[tuple[int, str], float]) -> Bound:
-    """From one system's own per-rank compute CPU time and the links' load."""
+    """From one system's own per-rank compute CPU time and the links' load; emulated
+    (--emulate), from each rank's device time, on a device of its own."""
+    if cfg.emulation is not None:
+        return lower_bound(emulated_compute(cfg, topo), cfg.world_size, load, topo)
     return lower_bound(per_rank_median(rows, "rank_compute_cpu_s"), os.cpu_count() or 1, load, topo)
+
+
+def emulated_compute(cfg: TrainConfig, topo: Topology) -> list[float]:
+    """Each rank's computation per step under --emulate: its stage's dilated device time."""
+    em, plan = cfg.emulation, plan_job(cfg, topo)
+    counts = layer_param_counts(cfg.real_spec)
+    per_stage = [em.dilation * (cfg.parallel.micro_batches * sum(em.times.forward_s[i] + em.times.backward_s[i]
+                                                                 for i in st.layers)
+                                + em.times.optimizer_s_per_param * sum(counts[i] for i in st.layers))
+                 for st in plan.stages]
+    return [per_stage[plan.layout.coords(r)[0]] for r in range(cfg.world_size)]
 
 
 def markdown(payload: dict) -> str:
     head = ("| system | tokens/s | step (s) | rounds' medians (s) | lower bound (s) | overlap efficiency | vs blocking "
             "| exposed P2P (s) | exposed AllReduce (s) |")
-    lines = [head, "|" + "---|" * 9]
+    sim = any(r.get("simulated_s") is not None for r in payload["results"])
+    if sim:
+        head += " simulated (s) |"
+    lines = [head, "|" + "---|" * (10 if sim else 9)]
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     for r in payload["results"]:
         spread = " ".join(f"{x:.3f}" for x in r["round_steps_s"])
         lines.append(f"| {r['system']} | {r['tokens_per_s']:.0f} | {r['step_time_s']:.3f} | {spread} | "
                      f"{r['lower_bound_s']:.3f} | {r['overlap_efficiency']:.2f} | {r['vs_blocking']:.2f}x | "
-                     f"{fmt(r['exposed_p2p_s'])} | {fmt(r['exposed_allreduce_s'])} |")
+                     f"{fmt(r['exposed_p2p_s'])} | {fmt(r['exposed_allreduce_s'])} |"
+                     + (f" {fmt(r.get('simulated_s'))} |" if sim else ""))
     return "\n".join(lines)
 
 

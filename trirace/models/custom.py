@@ -233,9 +233,12 @@ def resolve_ref(ref: dict) -> LayerModel:
 
 def spec_of(ref: dict):
     """A ModelSpec standing for the custom model (arch "custom"), for the planner."""
+    return spec_of_model(resolve_ref(ref))
+
+
+def spec_of_model(model: LayerModel, name: str = "custom"):
+    """The ModelSpec of a LayerModel in hand (arch "custom")."""
     from .presets import ModelSpec
 
-    model = resolve_ref(ref)
-    d = model.traced[0]
-    return ModelSpec("custom", "custom", vocab_size=model.vocab_size, d_model=d, n_layers=model.count, n_heads=1,
-                     max_seq_len=model.max_seq_len, tie_embeddings=model.tie is not None, custom=model)
+    return ModelSpec(name, "custom", vocab_size=model.vocab_size, d_model=model.traced[0], n_layers=model.count,
+                     n_heads=1, max_seq_len=model.max_seq_len, tie_embeddings=model.tie is not None, custom=model)

@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..models import ModelSpec, build_layers, layer_names
 from ..models.build import head_name, table_name, tie_in_place
+from ..models.emulated import EmulatedLayer, compute_for
 from ..models.layers import Block, LlamaBlock
 from ..optim import dc_correct, make_optimizer, muon_matrices
 
@@ -53,6 +54,9 @@ class StageModel:
         hidden = muon_matrices(self.versions[0], layers.start, len(layer_names(spec)))
         matrices = {id(m) for m, p in zip(self.master, params) if id(p) in hidden}
         self.optimizer = make_optimizer(self.master, optimizer, lr, weight_decay, matrices)
+        # Emulated layers (--emulate) update nothing: the step takes the device's time instead.
+        emulated = [m for m in self.versions[0] if isinstance(m, EmulatedLayer)]
+        self.emulated_step_s = sum(m.optimizer_s for m in emulated) if emulated else None
 
     @staticmethod
     def _layers(spec: ModelSpec, seed: int, layers: range) -> list[nn.Module]:
@@ -118,7 +122,10 @@ class StageModel:
             if predicted:  # W(t) into the free buffer before the step: no third copy
                 for m, p in zip(self.master, publish):
                     p.copy_(m)
-            self.optimizer.step()
+            if self.emulated_step_s is None:
+                self.optimizer.step()
+            else:
+                compute_for(self.emulated_step_s)
         for m, p in zip(self.master, publish):
             if predicted:
                 p.mul_(-1.0).add_(m, alpha=2.0)  # 2 W(t+1) - W(t)

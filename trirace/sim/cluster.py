@@ -12,21 +12,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import UsageError
+from ..models.devices import DEVICES, Device, device_from_dict
 from ..plan.topology import Link, Topology, link_from_dict, parse_rate
 from ..yamlfile import read_mapping
-
-
-@dataclass(frozen=True)
-class Device:
-    name: str
-    peak_flops: float  # per second, at the precision trirace computes in
-    efficiency: float  # achieved fraction of peak for transformer layers
-    memory_bytes: float
-    memory_bytes_per_s: float  # what the optimizer step streams through
-
-    @property
-    def flops(self) -> float:
-        return self.peak_flops * self.efficiency
 
 
 @dataclass(frozen=True)
@@ -68,12 +56,11 @@ PRESET_FILE = Path(__file__).with_name("clusters.yaml")  # the presets, with the
 
 def _presets() -> dict[str, Cluster]:
     data = read_mapping(PRESET_FILE, "cluster presets")
-    devices = {name: _device(dict(d, name=name), None) for name, d in data["devices"].items()}
     out: dict[str, Cluster] = {}
     for name, entry in data["clusters"].items():
         entry = dict(entry)
         if isinstance(entry.get("device"), str):
-            entry["device"] = devices[entry["device"]]
+            entry["device"] = DEVICES[entry["device"]]
         out[name] = _from_dict(entry, name, out)
     return out
 
@@ -114,23 +101,6 @@ def cluster_from_file(path: str | Path) -> Cluster:
         raise UsageError(f"cluster file {path}: {e}") from None
 
 
-DEVICE_KEYS = {"name", "peak_flops", "efficiency", "memory", "memory_bandwidth"}
-
-
-def _device(dev: dict | Device, base: Device | None) -> Device:
-    if isinstance(dev, Device):
-        return dev
-    if not isinstance(dev, dict) or set(dev) - DEVICE_KEYS or (base is None and set(dev) != DEVICE_KEYS):
-        raise ValueError("device: expected {name, peak_flops, efficiency, memory, memory_bandwidth}")
-    get = lambda k, default: float(dev[k]) if k in dev else default  # noqa: E731
-    device = Device(str(dev.get("name", base.name if base else "")), get("peak_flops", base and base.peak_flops),
-                    get("efficiency", base and base.efficiency), get("memory", base and base.memory_bytes),
-                    get("memory_bandwidth", base and base.memory_bytes_per_s))
-    if device.peak_flops <= 0 or not 0 < device.efficiency <= 1:
-        raise ValueError("device: peak_flops must be positive and efficiency in (0, 1]")
-    return device
-
-
 def _from_dict(data: dict, name: str, presets: dict[str, Cluster], default_base: str | None = None) -> Cluster:
     keys = {"base", "name", "nodes", "ranks_per_node", "intra", "inter", "collective", "device", "shared_cores",
             "collective_streams", "description"}
@@ -142,7 +112,7 @@ def _from_dict(data: dict, name: str, presets: dict[str, Cluster], default_base:
     base = presets[base_name] if base_name is not None else None
     if base is None and not {"device", "ranks_per_node", "intra", "inter"} <= set(data):
         raise ValueError("a cluster without a base needs device, ranks_per_node, intra and inter")
-    device = _device(data.get("device") or {}, base.device if base else None)
+    device = device_from_dict(data.get("device") or {}, base.device if base else None)
     rpn = int(data.get("ranks_per_node", base.ranks_per_node if base else 0))
     nodes = data.get("nodes")
     if rpn < 1 or (nodes is not None and int(nodes) < 1):

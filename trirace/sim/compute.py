@@ -20,9 +20,8 @@ from dataclasses import dataclass, replace
 from ..models import ModelSpec, layer_names
 from ..models.build import layer_flops
 from .calibration import Calibration
-from .cluster import Device
+from ..models.devices import Device, flop_times
 
-OPT_BYTES_PER_PARAM = {"adam": 36, "adamw": 36, "sgd": 16, "muon": 36}  # muon: at most AdamW's
 
 
 @dataclass(frozen=True)
@@ -39,9 +38,8 @@ class ComputeModel:
             calibration.check(spec, batch, seq)
             return cls(tuple(calibration.forward_s), tuple(calibration.backward_s),
                        calibration.optimizer_s_per_param, "calibration")
-        flops = layer_flops(spec, batch, seq)
-        fwd = tuple(f / device.flops for f in flops)
-        return cls(fwd, tuple(2 * f for f in fwd), OPT_BYTES_PER_PARAM[optimizer] / device.memory_bytes_per_s, "flops")
+        t = flop_times(layer_flops(spec, batch, seq), device, optimizer)
+        return cls(t.forward_s, t.backward_s, t.optimizer_s_per_param, t.source)
 
     def stage(self, layers: range) -> tuple[float, float]:
         """(forward seconds of the stage, backward seconds of the stage), one micro-batch."""

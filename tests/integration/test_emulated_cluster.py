@@ -1,0 +1,45 @@
+"""The emulated GPU cluster's model on real processes: a 2x2 job of emulated layers runs
+under every policy on loopback, obeys NCCL's rules under the strict device model, and every
+policy computes the same losses; its ranks compute by sleeping, so their CPU stays small."""
+
+import pytest
+
+from trirace.config import make_config
+from trirace.obs.commcheck import check
+from trirace.policy import POLICIES
+from trirace.runtime import run_local
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("emulated")
+    cfgs = [make_config(dict(model="gpt-test", emulate="h100", dilation=200_000, byte_scale=4, data="synthetic",
+                             micro_batch_size=2, seq_len=16, micro_batches=4, steps=4, pp=2, dp=2,
+                             balance="params", comm_policy=policy, tie_embeddings=policy == "trirace",
+                             probe=False, progress=False),
+                        comm_log=tmp / policy) for policy in POLICIES]
+    return list(zip(cfgs, run_local(cfgs, timeout_s=240)))
+
+
+def test_every_policy_runs_the_emulated_model_clean_under_nccl_rules(runs):
+    for cfg, rows in runs:
+        assert len(rows) == cfg.steps
+        report = check(cfg.observe.comm_log)
+        assert report.ok, f"{cfg.comm.policy}: {report.summary()}"
+        assert report.ops > 0
+
+
+def test_the_policies_compute_the_same_losses(runs):
+    untied = [[r["loss"] for r in rows] for cfg, rows in runs if not cfg.model.tie_embeddings]
+    assert all(x == untied[0] for x in untied)
+
+
+def test_a_step_takes_at_least_the_dilated_device_time_and_little_cpu(runs):
+    cfg, rows = runs[0]
+    em = cfg.emulation
+    # the slower of two stages computes at least half of every micro-batch's sleeps
+    half = em.dilation * cfg.parallel.micro_batches * (sum(em.times.forward_s) + sum(em.times.backward_s)) / 2
+    steady = rows[1:]
+    assert min(r["step_time_s"] for r in steady) >= half
+    # computing is sleeping: the ranks' compute threads use a small part of it on the CPU
+    assert max(max(r["rank_compute_cpu_s"]) for r in steady) < 0.25 * half
