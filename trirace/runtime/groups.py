@@ -67,6 +67,10 @@ class Groups:
     hierarchy: Hierarchy | None  # where the plan reduces my stage hierarchically
     p2p: dict[Op, tuple[Communicator, int]] = field(default_factory=dict)  # my transfer ops -> (pipe, peer)
     norm: Communicator | None = None  # the whole world, for the global gradient norm
+    # My stage's replicas again, for the token table's exchange by rows: its collectives are
+    # small and dependent, and each is waited for one unit after the last; on the dense
+    # chunks' communicator it would queue behind their bytes.
+    rows: Communicator | None = None
 
     @property
     def layout(self):
@@ -79,8 +83,9 @@ class Groups:
 
     def communicators(self) -> list[Communicator]:
         """Every communicator this rank is a member of, in creation order."""
-        every = [self.control, self.dp, self.tie, *(self.hierarchy.communicators() if self.hierarchy else []),
-                 *(c for c, _ in self.p2p.values()), self.norm]
+        every = [self.control, self.dp, self.rows, self.tie,
+                 *(self.hierarchy.communicators() if self.hierarchy else []), *(c for c, _ in self.p2p.values()),
+                 self.norm]
         return list({id(c): c for c in every if c is not None}.values())
 
     def release(self) -> None:
@@ -92,7 +97,8 @@ class Groups:
 
     def reduction_communicators(self) -> list[Communicator]:
         """What the gradient reduction issues on."""
-        return ([self.dp] if self.dp else []) + (self.hierarchy.communicators() if self.hierarchy else [])
+        return ([self.dp] if self.dp else []) + ([self.rows] if self.rows else []) + \
+            (self.hierarchy.communicators() if self.hierarchy else [])
 
 
 def make_groups(plan: JobPlan, device: torch.device, control: Communicator) -> Groups:
@@ -105,6 +111,8 @@ def make_groups(plan: JobPlan, device: torch.device, control: Communicator) -> G
 
     stage, replica = L.coords(rank)
     dps = [comm(f"dp/s{s}", L.dp_group(s)) for s in range(L.pp)] if L.dp > 1 else []  # (every rank agrees)
+    rows = [comm(f"rows/s{s.stage}", L.dp_group(s.stage)) for s in plan.stages
+            if L.dp > 1 and s.sparse_param is not None]
     pipes = [comm(f"pipe/r{r}", [L.rank(s, r) for s in range(L.pp)]) if L.pp > 1 else None for r in range(L.dp)]
     p2p: dict[Op, tuple[Communicator, int]] = {}
     if L.pp > 1:
@@ -123,7 +131,8 @@ def make_groups(plan: JobPlan, device: torch.device, control: Communicator) -> G
     norm = Communicator("norm", world, dist.new_group(world, backend=gloo.backend("gloo"), timeout=timeout),
                         torch.device("cpu"), log, timeout, host=True)
     return Groups(plan, rank, stage, replica, control, dps[stage] if L.dp > 1 else None,
-                  next((t for t in ties if t is not None), None), hierarchy, p2p, norm)
+                  next((t for t in ties if t is not None), None), hierarchy, p2p, norm,
+                  next((c for c in rows if c is not None), None))
 
 
 def _hierarchy(stage: int, ranks: list[int], plan: JobPlan, comm) -> Hierarchy | None:

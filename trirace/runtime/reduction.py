@@ -6,8 +6,8 @@ chunks placed there; at AR, whatever is left. A plain chunk's all-reduce is asyn
 and completes on a `Waiter`. A sparse exchange is several dependent collectives
 (sparse_exchange.py): the engine launches its first where the plan puts the chunk, and
 after each later unit waits for the one in flight and launches the next, so the exchange
-overlaps the step's computation a collective at a time; chunks whose slot comes meanwhile
-wait for its end (behind them, its next collective would wait for their bytes). A hierarchical all-reduce runs to
+overlaps the step's computation a collective at a time. It has a communicator of its own
+(groups.py: `rows`), so its collectives never queue behind the dense chunks' bytes. A hierarchical all-reduce runs to
 completion where it is launched. At the plan's sum point (or at AR) the engine finishes
 the step's exchanges, waits for every chunk of the step and issues the step's norm
 contribution (gradnorm.py); AR then divides; where table and head are one weight, OPT
@@ -60,7 +60,6 @@ class Reduction:
         self.summed: dict[int, tuple[list[Chunk], Kind]] = {}  # steps waited for and their norm issued
         self.error: BaseException | None = None
         self.exchanges: list[_Exchange] = []  # sparse exchanges in flight, in launch order
-        self.held: list[Chunk] = []  # chunks whose slot came while an exchange was in flight
         self.waiter = Waiter("trirace-allreduce") if driver.reduces else None
 
     # ------------------------------------------------------------ launches (engine thread)
@@ -79,18 +78,9 @@ class Reduction:
         for x in list(self.exchanges):  # each exchange in flight: its next collective
             self._resume(x)
         for c in self.driver.launches_after(unit):
-            self._launch_or_hold(c)
+            self._launch(c)
         for step in self.driver.summed_at(unit):  # the plan's point to issue its norm, before AR
             self._sum(step)
-
-    def _launch_or_hold(self, c: Chunk) -> None:
-        """Launch `c`, or, while a sparse exchange is in flight, hold it until the exchange
-        ends: queued on the same communicator, it would put the exchange's next collective,
-        which the engine waits for one unit later, behind its bytes."""
-        if self.exchanges:
-            self.held.append(c)
-        else:
-            self._launch(c)
 
     def _launch(self, c: Chunk) -> None:
         t0, cpu0 = self.rec.now(), time.thread_time()
@@ -130,15 +120,12 @@ class Reduction:
             self.exchanges.remove(x)
             self.stats.add(x.chunk.step, cpu_s=x.cpu_s + time.thread_time() - cpu0)
             self._finished(x.chunk, x.t0, [])
-            while self.held and not self.exchanges:
-                self._launch(self.held.pop(0))
             return
         x.cpu_s += time.thread_time() - cpu0
 
     def _finish_exchanges(self) -> None:
-        """Run the exchanges in flight to their end, and launch the chunks they held back
-        (at a sum point, which waits for them)."""
-        while self.exchanges:  # every one (a later step's would hold this step's chunks back)
+        """Run the exchanges in flight to their end (at a sum point, which waits for them)."""
+        while self.exchanges:
             self._resume(self.exchanges[0])
 
     def _run_inline(self, c: Chunk, flat: torch.Tensor) -> None:
@@ -178,7 +165,7 @@ class Reduction:
         """The token table's gradient: only the rows some replica touched cross the link."""
         t0 = self.rec.now()
         view = self.model.grad_view(self.sched.version_of_step(c.step), c.params[0])
-        out, st = yield from phases(view, group=self.g.dp, method=self.embedding_method, out=view,
+        out, st = yield from phases(view, group=self.g.rows or self.g.dp, method=self.embedding_method, out=view,
                                     alpha_s=self.link.latency_s, bytes_per_s=self.link.bytes_per_s)
         self.rec.span("sparse", c.name, t0, self.rec.now(), method=st["method"], bytes=st["bytes_sent"],
                       rows=st["rows"])
@@ -213,7 +200,7 @@ class Reduction:
             driver = self.driver
             if driver.reduces:
                 for c in driver.deadline(step):
-                    self._launch_or_hold(c)
+                    self._launch(c)
                 if step not in self.summed:
                     self._sum(step)
                 chunks, kind = self.summed.pop(step)

@@ -10,10 +10,10 @@ at AR launches the rest, and `observe_compute` after OPT feeds the compute figur
 steps before, as the runtime's lagged metrics do. So the two cannot decide differently.
 What the runtime's engine and gloo do is mirrored too: a run of transfers posts its
 receives with its sends, a transfer moves once both ends are posted, asynchronous
-all-reduces and sparse exchanges queue on the group's `collective_streams` workers, while
-hierarchical all-reduces hold the engine until they end. (The runtime launches an
-exchange's collectives one per unit, each after the previous lands; here they run back to
-back, which is the same wherever a unit outlasts a collective.)
+all-reduces queue on the group's `collective_streams` workers and sparse exchanges on
+another group's, while hierarchical all-reduces hold the engine until they end. (The
+runtime launches an exchange's collectives one per unit, each after the previous lands;
+here they run back to back, which is the same wherever a unit outlasts a collective.)
 Every OPT waits for the step's global gradient norm (runtime/gradnorm.py): a world-wide
 all-reduce to which each rank contributes once its gradient of the step is summed over its
 replicas, so no stage updates before every stage has reduced.
@@ -135,7 +135,7 @@ class _Rank:
                                   reduces=self.has_dp, sparse_param=self.work.sparse_param,
                                   p2p_links=p2p_links, link_bytes_per_s=topo.rates(),
                                   group_size=layout.dp, elem_size=self.work.grad_elem_size)
-        self.group = sim.groups[stage]
+        self.group, self.row_group = sim.groups[stage], sim.row_groups[stage]
         self.to_launch: deque[Chunk] = deque()  # chunks the plan puts after the unit just done
         self.inline: Chunk | None = None  # a chunk the engine runs to completion itself
         self.to_sum: deque[int] = deque()  # steps whose reduction the plan waits for after that unit
@@ -327,7 +327,8 @@ class _Rank:
             self.rec.span("sparse" if c.kind is Kind.SPARSE else "allreduce", c.name, t0, self.sim.now, bytes=c.nbytes)
             self.driver.chunk_done(c)
             then()
-        self.group.submit(self.replica, c.name, self.work.collective(c), done)
+        group = self.row_group if c.kind is Kind.SPARSE else self.group
+        group.submit(self.replica, c.name, self.work.collective(c), done)
 
     def _launch(self, c: Chunk) -> None:
         """The engine launches `c`; a hierarchical all-reduce holds it until it ends."""
@@ -440,6 +441,8 @@ class Simulation:
         self.events_run = 0
         replicas = fabric.replicas
         self.groups = [_Group(self, collective_streams, replicas) for _ in range(schedule.n_stages)]
+        # the token table's exchange: a communicator of its own, as the runtime's (groups.py: rows)
+        self.row_groups = [_Group(self, collective_streams, replicas) for _ in range(schedule.n_stages)]
         self.ranks = [_Rank(self, s, r) for s in range(schedule.n_stages) for r in range(replicas)]
         self.rank_at = {(r.stage, r.replica): r for r in self.ranks}
 
