@@ -14,7 +14,6 @@ import it; it imports only the model registry and the plan's pure checks.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,7 +25,7 @@ from .yamlfile import read_mapping
 from .models import PRESETS, ModelSpec, layer_names, layer_param_counts
 from .models.build import layer_flops
 from .models.custom import spec_of
-from .models.devices import device_named, flop_times
+from .models.devices import device_named, flop_times, recomputing
 from .models.emulated import Emulation, emulated_spec
 from .models.shape_file import resolve as resolve_model
 from .plan.partition import check_sizes
@@ -345,9 +344,8 @@ class TrainConfig(BaseModel):
             return None
         spec, device = self.real_spec, device_named(m.emulate)
         times = flop_times(layer_flops(spec, par.micro_batch_size, self.tokens_seq), device, self.optim.optimizer)
-        if m.recompute:  # each block's forward again inside its backward
-            times = replace(times, backward_s=tuple(b + f if n.startswith("block") else b for n, f, b in
-                                                    zip(layer_names(spec), times.forward_s, times.backward_s)))
+        if m.recompute:
+            times = recomputing(times, layer_names(spec))
         dilation = m.dilation
         if dilation is None:  # about EMULATED_STEP_S of computation per stage and step, two digits
             step = par.micro_batches * (sum(times.forward_s) + sum(times.backward_s)) / par.pp

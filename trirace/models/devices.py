@@ -3,8 +3,9 @@ layers (emulated.py) price a layer by. The figures and their sources are in devi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 from ..errors import UsageError
 from ..yamlfile import read_mapping
@@ -23,6 +24,7 @@ class Device:
         return self.peak_flops * self.efficiency
 
 
+T = TypeVar("T")
 DEVICE_FILE = Path(__file__).with_name("devices.yaml")
 DEVICE_KEYS = {"name", "peak_flops", "efficiency", "memory", "memory_bandwidth"}
 
@@ -80,6 +82,14 @@ class LayerTimes:
     backward_s: tuple[float, ...]
     optimizer_s_per_param: float
     source: str  # "flops" (priced on a device) or "calibration" (measured)
+
+
+def recomputing(times: T, names: list[str]) -> T:
+    """With --recompute each block (layers named block*) runs its forward again inside its
+    backward. `times`: any dataclass with per-layer forward_s and backward_s (LayerTimes,
+    the simulator's ComputeModel)."""
+    return replace(times, backward_s=tuple(b + f if n.startswith("block") else b
+                                           for n, f, b in zip(names, times.forward_s, times.backward_s)))
 
 
 def flop_times(flops: list[float], device: Device, optimizer: str) -> LayerTimes:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UsageError
-from .build import build_layer, head_name, layer_names
+from .build import build_layer, head_name, layer_names, table_name
 from .custom import LayerModel, spec_of_model
 from .devices import LayerTimes
 from .presets import ModelSpec
@@ -105,17 +105,17 @@ class EmulatedLayer(nn.Module):
         self.optimizer_s = optimizer_s  # the optimizer's time for the real parameters, dilated
         self.table = table
         for name, shape in shapes.items():
-            owner, leaf = self._owner(name)
             if name == table:  # a real embedding, whose gradient touches the real rows
-                *path, _ = name.split(".")
-                parent, attr = self._owner(".".join(path)) if path else (None, None)
-                if parent is None:
-                    raise UsageError("an emulated token table must sit in a submodule (e.g. tok.weight)")
+                module, _, leaf = name.rpartition(".")
+                if not module or leaf != "weight":
+                    raise UsageError(f"an emulated token table must be an embedding's weight, not {name!r}")
                 emb = nn.Embedding(*shape)
                 with torch.no_grad():
                     emb.weight.normal_(0.0, 0.02)
+                parent, attr = self._owner(module)
                 setattr(parent, attr, emb)
             else:
+                owner, leaf = self._owner(name)
                 owner.register_parameter(leaf, nn.Parameter(torch.zeros(shape)))
 
     def _owner(self, dotted: str) -> tuple[nn.Module, str]:
@@ -138,14 +138,10 @@ def emulated_loss(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return out.float().mean()
 
 
+@functools.lru_cache(maxsize=8)
 def emulated_spec(spec: ModelSpec, em: Emulation) -> ModelSpec:
     """`spec` as emulated layers: a custom model of the same layer count, boundaries, tie
     and vocabulary."""
-    return _emulated(spec, em)
-
-
-@functools.lru_cache(maxsize=8)
-def _emulated(spec: ModelSpec, em: Emulation) -> ModelSpec:
     if spec.arch not in ("gpt", "llama"):
         raise UsageError(f"--emulate runs causal language models (gpt, llama), not arch {spec.arch!r}")
     if spec.weights is not None:
@@ -159,12 +155,12 @@ def _emulated(spec: ModelSpec, em: Emulation) -> ModelSpec:
             layer = build_layer(spec, i, 0)
             shapes.append({n: tuple(p.shape) for n, p in layer.named_parameters()})
     k, s = em.dilation, em.byte_scale
-    opt = em.times.optimizer_s_per_param
+    opt, table = em.times.optimizer_s_per_param, table_name(spec)
 
     def make(i: int) -> nn.Module:
         real = sum(math.prod(sh) for sh in shapes[i].values())
         return EmulatedLayer({n: scaled(sh, s) for n, sh in shapes[i].items()}, k * em.times.forward_s[i],
-                             k * em.times.backward_s[i], k * opt * real, table="tok.weight" if i == 0 else None)
-    tie = ("0.tok.weight", f"{len(names) - 1}.{head_name(spec)}") if spec.tie_embeddings else None
+                             k * em.times.backward_s[i], k * opt * real, table=table if i == 0 else None)
+    tie = (f"0.{table}", f"{len(names) - 1}.{head_name(spec)}") if spec.tie_embeddings else None
     model = LayerModel(make, len(names), spec.vocab_size, spec.max_seq_len, tie, emulated_loss)
     return spec_of_model(model, f"{spec.name}@{em.device}")

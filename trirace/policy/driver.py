@@ -98,13 +98,11 @@ class StageDriver:
             self.placed.setdefault(u, []).extend(cs)
         self.unlaunched[step] = list(chunks)
         at = launch_plan.slots(self.units, unit, deadline)
-        # Three quarters of the way to AR at the earliest (the chunks have time to finish)
-        # and after the last chunk: early enough that no stage waits at OPT for the
-        # slowest stage to reach its AR, late enough that the engine seldom waits for the
-        # chunks.
-        # Where the compute estimate says the chunks, back to back at the agreed rate from
-        # their first slot, are not done by then, later still (or at AR): waiting for a
-        # link-bound reduction early only exposes the wait.
+        # Three quarters of the way to AR at the earliest and after the last chunk, and
+        # where the compute estimate says the chunks, back to back at the agreed rate from
+        # their first slot, have crossed the link (else at AR): early enough that no stage
+        # waits at OPT for the slowest to reach its AR, late enough that the engine seldom
+        # waits for the chunks (on a link-bound reduction, an early wait only exposes it).
         later = [u for u in at[3 * len(at) // 4:] if placed and u > max(placed)]
         est = self._estimate(step)
         if later and est is not None:

@@ -21,9 +21,9 @@ transfer a peer waits for leaves first.
   deadline stalls the stage). The token table's sparse item is never held: its bytes on
   the wire are a fraction of its size. With no compute estimate yet, or no P2P on the
   chunks' link, every chunk goes in the first slot.
-- Every policy launches the token table's sparse exchange first: the engine waits for
-  each of its collectives in turn, and behind chunks queued on the same communicator each
-  would wait for all of them.
+- Every policy launches the token table's sparse exchange first: it is a chain of
+  collectives, one per unit from its slot on (runtime/reduction.py), so the earliest slot
+  gives it the most units to finish in.
 
 The compute estimate is a per-action time every rank of the stage agrees on (the runtime's
 per-step metrics all-reduce, the simulator's own clock), so every replica places alike.
@@ -74,9 +74,7 @@ def place(policy: Policy, units: Sequence[Sequence[Action]], first: int, deadlin
     """Unit index -> the chunks launched right after it, in the agreed order. Chunks that
     no slot takes are left to the deadline (AR launches them)."""
     at = slots(units, first, deadline)
-    # The token table's sparse exchange first: the engine runs it to completion where it
-    # launches it, and behind chunks already queued on the same communicator it would
-    # wait for all of them.
+    # The token table's sparse exchange first (the module's docstring says why).
     order = sorted(chunks, key=lambda c: c.kind is not Kind.SPARSE)
     out: dict[int, list[Chunk]] = {}
     if policy.blocking or not order:

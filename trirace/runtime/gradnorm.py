@@ -11,10 +11,10 @@ communication policy did before.
 When it is issued is what keeps it from deadlocking a pipeline without a flush. A stage's
 contribution goes out from the engine thread once its gradient of the step is summed over
 its replicas: at the end of the step's last backward when there are no replicas;
-otherwise at the point the plan gives it (policy/driver.py: three quarters of the way
-from the step's last backward to its AR, after its last chunk), or at AR. None waits for a later action of
-the engine. Issued at AR, the contributions would make every stage wait at OPT for the
-slowest to reach its AR: a barrier at every step of a pipeline that never flushes. Only the
+otherwise at the sum point the plan gives it (policy/driver.py: `summed_at`), or at AR.
+None waits for a later action of the engine. Issued at AR, the contributions would make
+every stage wait at OPT for the slowest to reach its AR: a barrier at every step of a
+pipeline that never flushes. Only the
 update (OPT) waits for the result, and with OPT at its deadline every stage's contribution
 needs only actions that precede every stage's OPT (`validate` with `global_update=True`
 proves it for the schedule in use). The communicator is gloo on the host, so the

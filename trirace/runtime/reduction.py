@@ -7,8 +7,8 @@ and completes on a `Waiter`. A sparse exchange is several dependent collectives
 (sparse_exchange.py): the engine launches its first where the plan puts the chunk, and
 after each later unit waits for the one in flight and launches the next, so the exchange
 overlaps the step's computation a collective at a time. It has a communicator of its own
-(groups.py: `rows`), so its collectives never queue behind the dense chunks' bytes. A hierarchical all-reduce runs to
-completion where it is launched. At the plan's sum point (or at AR) the engine finishes
+(groups.py: `rows`), so its collectives never queue behind the dense chunks' bytes. A
+hierarchical all-reduce runs to completion where it is launched. At the plan's sum point (or at AR) the engine finishes
 the step's exchanges, waits for every chunk of the step and issues the step's norm
 contribution (gradnorm.py); AR then divides; where table and head are one weight, OPT
 reduces it across the ends of the pipeline. Blocking: AR runs every chunk in order, each
@@ -41,9 +41,9 @@ class _Exchange:
 
     chunk: Chunk
     steps: Phases
-    handle: Handle
     t0: float
-    cpu_s: float
+    handle: Handle | None = None  # None until its first collective is launched
+    cpu_s: float = 0.0
 
 
 class Reduction:
@@ -87,7 +87,9 @@ class Reduction:
         flat = self.model.flat_grad(self.sched.version_of_step(c.step))
         self.stats.add(c.step, transfers=1)
         if c.kind is Kind.SPARSE:  # its first collective now, the others after later units
-            self._resume(_Exchange(c, self._exchange_rows(c), None, t0, 0.0))  # type: ignore[arg-type]
+            x = _Exchange(c, self._exchange_rows(c), t0)
+            self.exchanges.append(x)
+            self._resume(x)
             return
         if self.g.hierarchy is not None:  # dependent collectives: run them here
             self._run_inline(c, flat)
@@ -112,8 +114,6 @@ class Reduction:
         cpu0 = time.thread_time()
         if x.handle is not None:
             x.handle.wait()
-        else:
-            self.exchanges.append(x)
         try:
             x.handle = next(x.steps)
         except StopIteration:

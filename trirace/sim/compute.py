@@ -15,13 +15,12 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..models import ModelSpec, layer_names
 from ..models.build import layer_flops
+from ..models.devices import Device, flop_times, recomputing
 from .calibration import Calibration
-from ..models.devices import Device, flop_times
-
 
 
 @dataclass(frozen=True)
@@ -47,9 +46,7 @@ class ComputeModel:
 
     def recomputing(self, spec: ModelSpec) -> "ComputeModel":
         """With --recompute each block runs its forward again inside its backward."""
-        names = layer_names(spec)
-        return replace(self, backward_s=tuple(b + f if n.startswith("block") else b
-                                              for n, f, b in zip(names, self.forward_s, self.backward_s)))
+        return recomputing(self, layer_names(spec))
 
 
 @dataclass(frozen=True)
