@@ -39,7 +39,9 @@ NOTES = {
     "--pp": "pipeline depth: the number of stages",
     "--dp": "data-parallel width: replicas of each stage",
     "--schedule": "`2bw` (PipeDream-2BW: no flush, one-step weight delay), `1f1b` (PipeDream-Flush, "
-                  "synchronous), `gpipe` (all forwards, then all backwards)",
+                  "synchronous), `zb-h1` (synchronous, 1F1B's peak memory, each backward split into its "
+                  "input-gradient part and its weight-gradient part, which fills the bubbles), `gpipe` "
+                  "(all forwards, then all backwards)",
     "--micro-batches": "micro-batches per step, per replica",
     "--lr": "peak learning rate (after warm-up)",
     "--optimizer": "`adam`, `adamw` (decoupled decay), `sgd`, or `muon` (torch's Muon on the hidden "

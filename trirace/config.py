@@ -95,7 +95,7 @@ class ParallelOptions(BaseModel):
 
     pp: int = Field(2, ge=1, description="pipeline depth (stages)")
     dp: int = Field(2, ge=1, description="data-parallel width (replicas per stage)")
-    schedule: Literal["2bw", "1f1b", "gpipe"] = Field("2bw", description="pipeline schedule")
+    schedule: Literal["2bw", "1f1b", "zb-h1", "gpipe"] = Field("2bw", description="pipeline schedule")
     micro_batches: int = Field(4, ge=1, description="micro-batches per step, per replica")
     micro_batch_size: int = Field(4, ge=1, description="sequences per micro-batch")
     seq_len: int | None = Field(None, ge=2, description="tokens per sequence (default: min(model max, 128))")

@@ -13,11 +13,13 @@ from trirace.runtime import run_local
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("emulated")
-    cfgs = [make_config(dict(model="gpt-test", emulate="h100", dilation=200_000, byte_scale=4, data="synthetic",
-                             micro_batch_size=2, seq_len=16, micro_batches=4, steps=4, pp=2, dp=2,
-                             balance="params", comm_policy=policy, tie_embeddings=policy == "trirace",
-                             probe=False, progress=False),
-                        comm_log=tmp / policy) for policy in POLICIES]
+    base = dict(model="gpt-test", emulate="h100", dilation=200_000, byte_scale=4, data="synthetic",
+                micro_batch_size=2, seq_len=16, micro_batches=4, steps=4, pp=2, dp=2, balance="params",
+                probe=False, progress=False)
+    cfgs = [make_config(base, comm_policy=policy, tie_embeddings=policy == "trirace", comm_log=tmp / policy)
+            for policy in POLICIES]
+    # the split backward: emulated layers take the I share at I, the stage the W share at W
+    cfgs += [make_config(base, schedule=schedule, comm_log=tmp / schedule) for schedule in ("1f1b", "zb-h1")]
     return list(zip(cfgs, run_local(cfgs, timeout_s=240)))
 
 
@@ -32,6 +34,16 @@ def test_every_policy_runs_the_emulated_model_clean_under_nccl_rules(runs):
 def test_the_policies_compute_the_same_losses(runs):
     untied = [[r["loss"] for r in rows] for cfg, rows in runs if not cfg.model.tie_embeddings]
     assert all(x == untied[0] for x in untied)
+
+
+def test_zero_bubble_runs_emulated_with_1f1b_losses_and_its_backward_time(runs):
+    (_, ofb), (zb_cfg, zb) = [(cfg, rows) for cfg, rows in runs if cfg.parallel.schedule != "2bw"]
+    assert [r["loss"] for r in zb] == [r["loss"] for r in ofb]
+    assert check(zb_cfg.observe.comm_log).ok
+    # I and W together sleep what B does (the W share is taken where W runs): the same
+    # computing per step, within the sleeps' own spread
+    for a, b in zip(zb[1:], ofb[1:]):
+        assert a["compute_s"] == pytest.approx(b["compute_s"], rel=0.05)
 
 
 def test_a_step_takes_at_least_the_dilated_device_time_and_little_cpu(runs):

@@ -48,6 +48,12 @@ def runs(request, tmp_path_factory):
     cfgs["1f1b-muon"] = make_config(base, schedule="1f1b", optimizer="muon", lr=3e-3)
     cfgs["2bw-muon-predict"] = make_config(base, schedule="2bw", optimizer="muon", lr=3e-3, delay_compensation="predict",
                                            partition="3,4")
+    cfgs["zb-h1"] = make_config(base, schedule="zb-h1")
+    cfgs["1f1b-pp4"] = make_config(base, schedule="1f1b", pp=4, dp=1)
+    cfgs["zb-h1-pp4"] = make_config(base, schedule="zb-h1", pp=4, dp=1, comm_policy="fifo")
+    # the split backward with recompute, a table tied across stages and the global norm's clip
+    cfgs["llama-zb-h1-recompute-clip"] = make_config(base, model="llama-test", schedule="zb-h1", recompute=True,
+                                                     clip_grad=0.5)
     cfgs["llama-1f1b"] = make_config(base, model="llama-test", schedule="1f1b")
     cfgs["llama-2bw"] = make_config(base, model="llama-test", schedule="2bw")
     shape = tmp_path_factory.mktemp("shape") / "my-llama.yaml"  # grouped-query heads, tied table, own widths
@@ -62,7 +68,8 @@ RUNS: dict[str, list[dict]] = {}  # the metrics rows of the runs above
 
 
 @pytest.mark.parametrize("kind", ["1f1b", "gpipe", "bert-1f1b", "1f1b-adamw-cosine-clip", "llama-1f1b",
-                                  "llama-yaml-1f1b", "1f1b-muon"])
+                                  "llama-yaml-1f1b", "1f1b-muon", "zb-h1", "zb-h1-pp4",
+                                  "llama-zb-h1-recompute-clip"])
 def test_sync_schedules_match_single_process(runs, kind):
     cfg, losses = runs[kind]
     _close(losses, train_sync(cfg))
@@ -73,6 +80,14 @@ def test_sync_schedules_match_single_process(runs, kind):
 def test_2bw_matches_delayed_update_rule(runs, kind):
     cfg, losses = runs[kind]
     _close(losses, train_2bw(cfg))
+
+
+@pytest.mark.parametrize("zb,ofb", [("zb-h1", "1f1b"), ("zb-h1-pp4", "1f1b-pp4")])
+def test_zero_bubble_computes_1f1b_losses(runs, zb, ofb):
+    """The backward split into I and W (the weight gradients from the graph I kept)
+    computes what 1F1B's whole backward does."""
+    (_, got), (_, want) = runs[zb], runs[ofb]
+    assert got == pytest.approx(want, rel=1e-6)
 
 
 def test_2bw_differs_from_synchronous_training(runs):

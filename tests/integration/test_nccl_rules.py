@@ -63,7 +63,10 @@ def _matrix(layout: str, tmp: Path) -> list[tuple[str, dict]]:
         more = dict(eval_every=1, eval_batches=1) if k % 3 == 0 else {}
         more |= dict(grad_comm_dtype="bf16") if k % 3 == 1 else {}
         # 8 ranks cost the most: there each policy runs one schedule, in turn.
-        policies = [p for i, p in enumerate(POLICIES) if i % 3 == s] if pp * dp > 4 else POLICIES
+        # zb-h1 (the same transfers as 1f1b, its computations reordered) runs two policies
+        # per layout, which rotate with the layout.
+        policies = ([p for i, p in enumerate(POLICIES) if i % 3 == s] if pp * dp > 4 else
+                    [p for i, p in enumerate(POLICIES) if i % 2 == k % 2] if sched == "zb-h1" else POLICIES)
         for policy in policies:
             # Untied ones also clip (below the norms these runs see), so the bitwise check
             # across policies covers the global norm and the clip.

@@ -61,7 +61,7 @@ def peak_in_flight(sched: Schedule, s: int) -> int:
         if a.op is Op.F:
             live += 1
             peak = max(peak, live)
-        elif a.op is Op.B:
+        elif a.op.ends_backward:  # B, or W: activations are held until the weight gradients
             live -= 1
     assert live == 0
     return peak
@@ -91,7 +91,9 @@ def test_every_kind_builds_and_validates_over_grid(kind):
         validate(s)  # quietly
         for st in range(d):
             ops = [a.op for a in s.actions[st]]
-            assert ops.count(Op.F) == ops.count(Op.B) == n * m
+            backward = (Op.I, Op.W) if s.splits_backward else (Op.B,)
+            assert all(ops.count(op) == n * m for op in (Op.F, *backward))
+            assert not {Op.B, Op.I, Op.W} - set(backward) & set(ops)
             assert ops.count(Op.AR) == ops.count(Op.OPT) == n
             assert ops.count(Op.RF) == ops.count(Op.SB) == (n * m if st > 0 else 0)
             assert ops.count(Op.SF) == ops.count(Op.RB) == (n * m if st < d - 1 else 0)
@@ -323,6 +325,8 @@ def test_in_flight_micro_batches():
             elif kind == "1f1b":
                 assert peak <= d - st
                 assert peak == min(d - st, m)
+            elif kind == "zb-h1":  # W's deferred, never past 1F1B's peak (its first stage's)
+                assert min(d - st, m) <= peak <= min(d, m)
             else:
                 assert peak <= d - st
                 assert peak == min(d - st, n * m)
@@ -332,8 +336,11 @@ def test_compute_runs_micro_batches_in_order():
     for kind, d, m, n in GRID[::2]:
         s = build_schedule(kind, d, m, n)
         for st in range(d):
-            for op in (Op.F, Op.B):
+            for op in (Op.F, Op.B, Op.I, Op.W):
                 ks = [a.index for a in s.actions[st] if a.op is op]
+                if op in ((Op.B,) if s.splits_backward else (Op.I, Op.W)):
+                    assert ks == []
+                    continue
                 assert ks == list(range(n * m))
 
 
@@ -564,3 +571,70 @@ def test_all_permutations_of_tiny_stage_are_judged_consistently():
             continue
         valid.append(perm)
     assert valid == [base]
+
+
+# ---------------------------------------------------------------- zero bubble (split backward)
+
+
+def unit_makespan(sched: Schedule) -> int:
+    """One step replayed with F, I and W one unit each (B two) and free transfers: when
+    the last stage's last computation ends."""
+    cost = {Op.F: 1, Op.B: 2, Op.I: 1, Op.W: 1}
+    lists = [[a for a in acts_ if a.op.is_compute] for acts_ in sched.actions]
+    d, done, pc, clock = sched.n_stages, {}, [0] * sched.n_stages, [0] * sched.n_stages
+    while any(pc[s] < len(lists[s]) for s in range(d)):
+        moved = False
+        for s in range(d):
+            while pc[s] < len(lists[s]):
+                a = lists[s][pc[s]]
+                dep = ((Op.F, s - 1, a.index) if a.op is Op.F and s > 0 else
+                       (a.op, s + 1, a.index) if a.op.takes_output_grad and s < d - 1 else None)
+                if dep is not None and dep not in done:
+                    break
+                clock[s] = max(clock[s], done.get(dep, 0)) + cost[a.op]
+                done[a.op, s, a.index] = clock[s]
+                pc[s] += 1
+                moved = True
+        assert moved, "the replay is stuck"
+    return max(clock)
+
+
+@pytest.mark.parametrize("d,m", [(2, 4), (3, 7), (4, 4), (4, 8), (8, 8), (8, 16), (8, 32)])
+def test_zb_h1_shrinks_1f1b_bubble(d, m):
+    """The bubble (makespan beyond the 3m units of work) is 1F1B's 3 (d - 1) there and at
+    most d + 1 under ZB-H1 (d - 1 at m = d): the I's chain through the pipeline alone."""
+    work = 3 * m
+    zb, ofb = (unit_makespan(_build_schedule(k, d, m, 1)) - work for k in ("zb-h1", "1f1b"))
+    assert ofb == 3 * (d - 1)
+    assert zb <= (d - 1 if m == d else d + 1)
+
+
+def test_zb_h1_exact_two_stages():
+    s = build_schedule("zb-h1", 2, 2, 1)
+    assert row(s, 0) == "F0 SF0 F1 SF1 RB0 I0 W0 RB1 I1 W1 AR0 OPT0"
+    assert row(s, 1) == "RF0 F0 I0 SB0 RF1 F1 I1 SB1 W0 W1 AR0 OPT0"
+
+
+def test_zb_h1_survives_every_policy_rewrite():
+    """What a policy runs (updates at their deadline, receives a computation early) stays
+    sound, and a receive posted early never lands in front of a W's own I."""
+    from trirace.plan.schedule import schedule_for_policy
+    for d, m in [(2, 4), (3, 5), (4, 8)]:
+        s = schedule_for_policy(build_schedule("zb-h1", d, m, 3), True, False)
+        validate(s, global_update=True, chained_update=True)
+
+
+def test_validator_rejects_weight_gradients_before_input_gradients():
+    s = build_schedule("zb-h1", 2, 2, 1)
+    rejects(with_rows(s, s1="RF0 F0 W0 I0 SB0 RF1 F1 I1 SB1 W1 AR0 OPT0"),
+            "stage 1", "W0 runs before I0", "weight gradients need the input gradient")
+
+
+def test_validator_rejects_a_split_backward_in_a_schedule_that_does_not_split():
+    s = build_schedule("1f1b", 2, 1, 1)
+    rejects(with_rows(s, s1="RF0 F0 I0 SB0 W0 AR0 OPT0"), "stage 1", "missing B0")
+
+
+def test_validator_rejects_a_step_whose_last_w_is_not_last():
+    s = build_schedule("zb-h1", 2, 2, 1)
+    rejects(with_rows(s, s1="RF0 F0 I0 SB0 RF1 F1 I1 SB1 W1 W0 AR0 OPT0"), "W1 runs before W0")

@@ -84,6 +84,13 @@ class LayerTimes:
     source: str  # "flops" (priced on a device) or "calibration" (measured)
 
 
+# The share of a layer's backward that computes its weight gradients (a split backward's W;
+# the rest, its I, computes the input gradient). A transformer layer's weight gradients take
+# as many FLOPs as its forward matmuls, half its backward; attention's score products add to
+# I alone, a few percent at common widths. Zero-bubble schedules are derived with it even.
+WEIGHT_GRAD_SHARE = 0.5
+
+
 def recomputing(times: T, names: list[str]) -> T:
     """With --recompute each block (layers named block*) runs its forward again inside its
     backward. `times`: any dataclass with per-layer forward_s and backward_s (LayerTimes,

@@ -23,6 +23,7 @@ its next sleep, so a run of computations keeps to its total.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
@@ -36,7 +37,7 @@ from torch import nn
 from ..errors import UsageError
 from .build import build_layer, head_name, layer_names, table_name
 from .custom import LayerModel, spec_of_model
-from .devices import LayerTimes
+from .devices import WEIGHT_GRAD_SHARE, LayerTimes
 from .presets import ModelSpec
 
 
@@ -70,6 +71,21 @@ def compute_for(seconds: float) -> None:
     _ahead.s = slept - want
 
 
+_part = threading.local()  # which part of the backward this thread's autograd pass computes
+
+
+@contextlib.contextmanager
+def input_grad_only():
+    """A backward pass that computes the input gradient alone (a split backward's I): each
+    emulated layer takes the I share of its backward time. The W share is taken
+    where the weight gradients are computed (`StageModel.emulated_weight_s`)."""
+    _part.input_only = True
+    try:
+        yield
+    finally:
+        _part.input_only = False
+
+
 class _Compute(torch.autograd.Function):
     """Identity whose forward and backward take a device's time."""
 
@@ -82,7 +98,8 @@ class _Compute(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        compute_for(ctx.backward_s)
+        share = 1.0 - WEIGHT_GRAD_SHARE if getattr(_part, "input_only", False) else 1.0
+        compute_for(share * ctx.backward_s)
         return grad, None, None
 
 

@@ -96,8 +96,11 @@ def stage_memory(spec: ModelSpec, layers: range, batch: int, seq: int, in_flight
 
 def peak_in_flight(schedule: str, n_stages: int, stage: int, micro_batches: int) -> int:
     """Micro-batches whose activations a stage holds at once: all of them under GPipe,
-    the warm-up depth plus one under 1F1B and 2BW."""
-    return micro_batches if schedule == "gpipe" else min(n_stages - stage, micro_batches)
+    the warm-up depth plus one under 1F1B and 2BW, and under ZB-H1, which holds each from
+    its F to its W, up to the pipeline's depth on every stage (1F1B's first stage)."""
+    if schedule == "gpipe":
+        return micro_batches
+    return min(n_stages if schedule == "zb-h1" else n_stages - stage, micro_batches)
 
 
 @dataclass(frozen=True)

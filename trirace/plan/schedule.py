@@ -31,7 +31,9 @@ class ScheduleError(UsageError):
 
 class Op(str, Enum):
     F = "F"  # forward of micro-batch k
-    B = "B"  # backward of micro-batch k
+    B = "B"  # backward of micro-batch k (both parts below, at once)
+    I = "I"  # the part of B that gives the stage's input gradient (what the previous stage waits for)
+    W = "W"  # the part of B that gives the weight gradients (what the step's reduction waits for)
     SF = "SF"  # send activation of k to the next stage
     RF = "RF"  # receive activation of k from the previous stage
     SB = "SB"  # send input-gradient of k to the previous stage
@@ -45,7 +47,17 @@ class Op(str, Enum):
 
     @property
     def is_compute(self) -> bool:
-        return self in (Op.F, Op.B)
+        return self in (Op.F, Op.B, Op.I, Op.W)
+
+    @property
+    def takes_output_grad(self) -> bool:
+        """The backward computation that consumes the received output gradient (RB)."""
+        return self in (Op.B, Op.I)
+
+    @property
+    def ends_backward(self) -> bool:
+        """The computation after which a micro-batch's weight gradients are complete."""
+        return self in (Op.B, Op.W)
 
 
 @dataclass(frozen=True, order=True)
@@ -64,9 +76,10 @@ class Action:
         return cls(Op(m.group(1)), int(m.group(2)))
 
 
-_ACTION_RE = re.compile(r"(OPT|AR|SF|RF|SB|RB|F|B)([0-9]+)")
+_ACTION_RE = re.compile(r"(OPT|AR|SF|RF|SB|RB|F|B|I|W)([0-9]+)")
 
-KINDS = ("gpipe", "1f1b", "2bw")
+KINDS = ("gpipe", "1f1b", "zb-h1", "2bw")
+SPLIT_BACKWARD = ("zb-h1",)  # schedules whose backwards run as I and W apart
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,10 @@ class Schedule:
     @property
     def staleness(self) -> int:
         return 1 if self.kind == "2bw" else 0
+
+    @property
+    def splits_backward(self) -> bool:
+        return self.kind in SPLIT_BACKWARD
 
     def step_of(self, micro_batch: int) -> int:
         return micro_batch // self.micro_batches
@@ -147,6 +164,51 @@ def _with_updates_after_last_backward(acts: list[Action], m: int) -> list[Action
     return out
 
 
+def _zero_bubble_h1(d: int, ks: list[int]) -> list[list[Action]]:
+    """ZB-H1 (Qi et al., ICLR 2024) over the micro-batches `ks` of one step, per stage.
+
+    Each backward runs as I (the input gradient, which the previous stage waits for) and W
+    (the weight gradients, which only the step's reduction waits for). The order comes from
+    replaying the step with every computation taking one unit, the times the method
+    assumes (T_F = T_I = T_W), where a free stage runs the first of:
+    - its next I, once the output gradient has arrived: it is on the critical path;
+    - its next F, while fewer than d micro-batches hold activations there (from their F
+      to their W: 1F1B's peak, reached on its first stage, so the peak memory stays
+      1F1B's);
+    - its oldest W still to run.
+    The W's a stage defers fill what are 1F1B's bubbles: with equal times the bubble is
+    d - 1 units at m = d and d + 1 at larger m, against 1F1B's 3 (d - 1). (Preferring a
+    W to an F at some depth, which other orders do, measured no shorter in this replay.)
+    Pure: the same order on every rank."""
+    n = len(ks)
+    inf = float("inf")
+    fin = {(op, s, i): inf for op in (Op.F, Op.I) for s in range(d) for i in range(n)}
+    order: list[list[Action]] = [[] for _ in range(d)]
+    next_f, next_i, held = [0] * d, [0] * d, [0] * d
+    pending_w: list[list[int]] = [[] for _ in range(d)]
+    left, t = 3 * d * n, 0
+    while left:
+        for s in range(d):
+            i, f = next_i[s], next_f[s]
+            if i < n and fin[Op.F, s, i] <= t and (s == d - 1 or fin[Op.I, s + 1, i] <= t):
+                op, next_i[s] = Op.I, i + 1
+                fin[Op.I, s, i] = t + 1
+                pending_w[s].append(i)
+            elif f < n and held[s] < d and (s == 0 or fin[Op.F, s - 1, f] <= t):
+                op, i, next_f[s] = Op.F, f, f + 1
+                fin[Op.F, s, f] = t + 1
+                held[s] += 1
+            elif pending_w[s]:
+                op, i = Op.W, pending_w[s].pop(0)
+                held[s] -= 1
+            else:
+                continue
+            order[s].append(Action(op, ks[i]))
+            left -= 1
+        t += 1
+    return order
+
+
 def compute_order(kind: str, n_stages: int, micro_batches: int, steps: int) -> list[list[Action]]:
     """F/B/AR/OPT per stage, before transfers are added."""
     d, m = n_stages, micro_batches
@@ -158,6 +220,9 @@ def compute_order(kind: str, n_stages: int, micro_batches: int, steps: int) -> l
                 _one_f_one_b(s, d, list(range(t * m, (t + 1) * m))), m)]
             for s in range(d)
         ]
+    if kind == "zb-h1":  # flushed like 1f1b, each backward split into I and W
+        per_step = [_zero_bubble_h1(d, list(range(t * m, (t + 1) * m))) for t in range(steps)]
+        return [[a for t in range(steps) for a in (*per_step[t][s], *_update(t))] for s in range(d)]
     if kind == "2bw":  # one 1F1B stream over every step: warm-up once, never flushed
         stream = list(range(steps * m))
         return [_with_updates_after_last_backward(_one_f_one_b(s, d, stream), m) for s in range(d)]
@@ -165,7 +230,8 @@ def compute_order(kind: str, n_stages: int, micro_batches: int, steps: int) -> l
 
 
 def lower_p2p(order: list[list[Action]]) -> list[list[Action]]:
-    """Insert each computation's transfers: receive right before it, send right after.
+    """Insert each computation's transfers: receive right before it, send right after
+(a split backward's transfers go with its I; its W has none).
     Adjacent transfers form one group that the runtime posts together (receives first),
     which is what keeps 1F1B's crossing sends from deadlocking."""
     d = len(order)
@@ -177,7 +243,7 @@ def lower_p2p(order: list[list[Action]]) -> list[list[Action]]:
                 out += [Action(Op.RF, a.index)] if s > 0 else []
                 out.append(a)
                 out += [Action(Op.SF, a.index)] if s < d - 1 else []
-            elif a.op is Op.B:
+            elif a.op.takes_output_grad:
                 out += [Action(Op.RB, a.index)] if s < d - 1 else []
                 out.append(a)
                 out += [Action(Op.SB, a.index)] if s > 0 else []
@@ -291,7 +357,7 @@ def _receives_before_compute(sched: Schedule, ops: tuple[Op, ...]) -> Schedule:
             j = i - 1
             while j >= 0 and acts[j].op.is_p2p:  # the start of a's run
                 j -= 1
-            if j < 1 or acts[j].op not in (Op.F, Op.B) or acts[j - 1].op.is_p2p or acts[j - 1].op in (Op.AR, Op.OPT):
+            if j < 1 or not acts[j].op.is_compute or acts[j - 1].op.is_p2p or acts[j - 1].op in (Op.AR, Op.OPT):
                 continue
             moved.setdefault(j, []).append(a)
             drop.add(a)
@@ -412,7 +478,8 @@ def _check_stage(sched: Schedule, s: int, acts: tuple[Action, ...]) -> None:
         if a in seen:
             raise ScheduleError(f"{where}: {a} appears twice")
         seen[a] = pos
-    expected = {Action(op, k) for k in range(n * m) for op in (Op.F, Op.B)}
+    backward = (Op.I, Op.W) if sched.splits_backward else (Op.B,)
+    expected = {Action(op, k) for k in range(n * m) for op in (Op.F, *backward)}
     expected |= {Action(op, t) for t in range(n) for op in (Op.AR, Op.OPT)}
     if s > 0:
         expected |= {Action(op, k) for k in range(n * m) for op in (Op.RF, Op.SB)}
@@ -429,15 +496,23 @@ def _check_stage(sched: Schedule, s: int, acts: tuple[Action, ...]) -> None:
 
     for k in range(n * m):
         t = k // m
-        f, b = Action(Op.F, k), Action(Op.B, k)
+        f = Action(Op.F, k)
+        b = Action(backward[0], k)  # B, or the I of a split backward: what takes the output gradient
+        end = Action(backward[-1], k)  # B, or the W: what completes the weight gradients
         before(f, b, "a backward needs its forward")
+        if sched.splits_backward:
+            before(b, end, "the weight gradients need the input gradient's pass")
         if s > 0:
             before(Action(Op.RF, k), f, "the forward needs its input activation")
             before(b, Action(Op.SB, k), "the input gradient comes from the backward")
         if s < d - 1:
             before(f, Action(Op.SF, k), "the activation comes from the forward")
             before(Action(Op.RB, k), b, "the backward needs its output gradient")
-        before(b, Action(Op.AR, t), f"step {t}'s reduction needs all its gradients")
+        before(end, Action(Op.AR, t), f"step {t}'s reduction needs all its gradients")
+        if k % m != m - 1:
+            last = Action(backward[-1], (t + 1) * m - 1)
+            before(end, last, f"step {t}'s gradients are complete at its last micro-batch's {last.op.value}, "
+                              "where its reduction starts")
         v = sched.version_of_step(t)
         if v >= 1:
             before(Action(Op.OPT, v - 1), f, f"step {t} computes on W({v}), which OPT{v - 1} produces")
@@ -500,7 +575,7 @@ def _check_transfers(sched: Schedule, global_update: bool = False, chained_updat
                     continue
                 updated.add((s, t))
             if not run[0].op.is_p2p:
-                if run[0].op is Op.B and (run[0].index + 1) % m == 0:
+                if run[0].op.ends_backward and (run[0].index + 1) % m == 0:
                     backwards_done[run[0].index // m] = backwards_done.get(run[0].index // m, 0) + 1
                 pc[s] += 1
                 progress = True

@@ -19,6 +19,7 @@ import torch
 from ..errors import Diverged
 from ..data.batches import BatchFn
 from ..models import lm_loss
+from ..models.emulated import compute_for, input_grad_only
 from ..optim import UpdateRule
 from ..obs.timeline import Recorder
 from ..plan import Action, Op, Schedule
@@ -171,6 +172,33 @@ class Engine:
             torch.autograd.backward(y, self.out_grads.pop(k))
         self.comm.backward_ends(step, last)
 
+    def input_grad(self, k: int) -> None:
+        """I of a split backward: the gradient of the stage's input alone, which the
+        previous stage waits for. The graph stays for W. The first stage has no input
+        gradient: its W runs the whole backward."""
+        if self.model.is_first:
+            return
+        y, x = self.outputs[k], self.inputs[k]
+        with input_grad_only():
+            (x.grad,) = torch.autograd.grad(y, x, None if self.model.is_last else self.out_grads[k],
+                                            retain_graph=True)
+
+    def weight_grad(self, k: int, unit: int) -> None:
+        """W of a split backward: the weight gradients, from the graph I kept. Autograd
+        walks the graph again down to the weights, which repeats I's input-gradient work
+        inside the stage (the price of splitting any layer list without rewriting its
+        layers); the reduction's chunks of a step are ready at its last W."""
+        step = self.sched.step_of(k)
+        last = (k + 1) % self.m == 0
+        self.comm.backward_begins(step, last, unit)
+        y = self.outputs.pop(k)
+        g = None if self.model.is_last else self.out_grads.pop(k)
+        module = self.model.module(self.sched.version_of_step(step))
+        torch.autograd.backward(y, g, inputs=list(module.parameters()))
+        if self.model.emulated_weight_s is not None and not self.model.is_first:
+            compute_for(self.model.emulated_weight_s)
+        self.comm.backward_ends(step, last)
+
     def await_update(self, step: int) -> tuple[float, bool]:
         """What OPT waits for: the tied weight's reduction, then the step's global norm, which
         needs every stage's gradient summed over its replicas. Both waits are exposed
@@ -237,6 +265,10 @@ class Engine:
             self.forward(a.index)
         elif a.op is Op.B:
             self.backward(a.index, unit)
+        elif a.op is Op.I:
+            self.input_grad(a.index)
+        elif a.op is Op.W:
+            self.weight_grad(a.index, unit)
         else:
             self.update(a.index)
         step = self.sched.step_of_action(a)
@@ -253,7 +285,7 @@ class Engine:
         if a.op is Op.F and not self.model.is_first:
             self.inputs[a.index] = self.comm.take(Action(Op.RF, a.index)).requires_grad_(True)
             self.rec.flow(f"RF{a.index}", str(a))
-        elif a.op is Op.B and not self.model.is_last:
+        elif a.op.takes_output_grad and not self.model.is_last:
             self.out_grads[a.index] = self.comm.take(Action(Op.RB, a.index))
             self.rec.flow(f"RB{a.index}", str(a))
 

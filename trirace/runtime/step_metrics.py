@@ -32,7 +32,7 @@ class StepMetrics:
               "val_count", "grad_norm", "lr", "skipped")
     # per-rank figures: each rank fills its own slot of each (a sum of them is a gather)
     PER_RANK = ("compute_cpu", "tied", "rss", "peak_rss", "process_cpu", "engine_cpu", "wakeups",
-                "F_s", "B_s", "OPT_s")  # the last three: mean seconds per action of that kind
+                "F_s", "B_s", "I_s", "W_s", "OPT_s")  # the last five: mean seconds per action of that kind
     METHODS = ("dense", "allgather", "alltoall")  # embedding_method is sent as 1 + its index
     LAG = 2
 
@@ -113,7 +113,7 @@ class StepMetrics:
             self.comm.tuner.observe(step, v["step_time_s"] / world)
         replicas = self.g.plan.stages[self.g.stage].ranks  # the slowest replica of my stage
         self.comm.observe_compute(step, {op: max(times[r] for r in replicas)
-                                         for op, times in zip((Op.F, Op.B, Op.OPT), per_op)})
+                                         for op, times in zip((Op.F, Op.B, Op.I, Op.W, Op.OPT), per_op)})
         if self.report is None:
             return
         row = {"loss": v["loss"] / self.cfg.parallel.dp,  # only last-stage ranks contribute a loss

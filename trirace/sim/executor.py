@@ -37,6 +37,7 @@ from ..obs.timeline import Recorder
 from ..plan import Action, Op, Schedule
 from ..plan.schedule import p2p_groups, peer_stage, transfer_ends
 from ..plan.transfers import Chunk, Kind
+from ..models.devices import WEIGHT_GRAD_SHARE
 from .compute import ComputeNoise
 from .fabric import Fabric, FlowClass
 
@@ -172,8 +173,10 @@ class _Rank:
                 self.in_flight_mb += 1
                 self.peak_in_flight = max(self.peak_in_flight, self.in_flight_mb)
                 self._received(a, lambda a=a: self._compute(a, self.work.forward_s))
-            elif a.op is Op.B:
+            elif a.op in (Op.B, Op.W):
                 self._received(a, lambda a=a: self._backward(a))
+            elif a.op is Op.I:
+                self._received(a, lambda a=a: self._compute(a, self._input_grad_s()))
             else:  # OPT, after the tied weight's reduction where there is one
                 self._update(a)
             if self.waiting is None:
@@ -216,7 +219,7 @@ class _Rank:
         if old < 0 or any(f is None for f in figures):
             return
         self.driver.observe_compute(old, {op: max(f[op][0] / f[op][1] for f in figures if op in f)
-                                          for op in (Op.F, Op.B, Op.OPT) if any(op in f for f in figures)})
+                                          for op in (Op.F, Op.B, Op.I, Op.W, Op.OPT) if any(op in f for f in figures)})
         self.op_s.pop(old - 4, None)  # every replica is past it
 
     def _gradient_final(self, step: int) -> None:
@@ -261,14 +264,21 @@ class _Rank:
         self.sim.run_compute(self.compute_cls, seconds, done, self.duration)
         self._block(lambda: box["done"])
 
+    def _input_grad_s(self) -> float:
+        """A split backward's I: the input gradient, none on the first stage (the runtime's
+        first stage computes everything at W)."""
+        return 0.0 if self.stage == 0 else (1 - WEIGHT_GRAD_SHARE) * self.work.backward_s
+
     def _backward(self, a: Action) -> None:
+        """B, or a split backward's W: the step's chunks are ready after its last one."""
         step = self.sim.schedule.step_of(a.index)
         last = (a.index + 1) % self.sim.schedule.micro_batches == 0
         self.in_flight_mb -= 1
         if last and self.driver.reduces:
             self.driver.backward_begins(step, self.pc)
         final = (lambda: self._gradient_final(step)) if last and not self.has_dp else None
-        self._compute(a, self.work.backward_s, final)
+        seconds = self.work.backward_s if a.op is Op.B else self.work.backward_s - self._input_grad_s()
+        self._compute(a, seconds, final)
 
     # ------------------------------------------------------------ P2P
 
@@ -297,7 +307,7 @@ class _Rank:
         """Run `then` once what compute `a` consumes from a neighbour has arrived."""
         sim, s = self.sim, self.stage
         need = (Action(Op.RF, a.index) if a.op is Op.F and s > 0 else
-                Action(Op.RB, a.index) if a.op is Op.B and s < sim.schedule.n_stages - 1 else None)
+                Action(Op.RB, a.index) if a.op.takes_output_grad and s < sim.schedule.n_stages - 1 else None)
         if need is None:
             then()
             return
