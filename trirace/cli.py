@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rounds", type=int, default=3, help="interleaved rounds per system; the table shows each "
                        "round's median as the spread (default: 3)")
     bench.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated (default: {','.join(SYSTEMS)})")
+    bench.add_argument("--schedules", metavar="LIST", help="comma-separated schedules (e.g. 1f1b,zb-h1): every "
+                       "policy of --systems runs each, as the system SCHEDULE/POLICY (default: --schedule alone)")
     bench.add_argument("--matrix", action="store_true", help="every system in every cell of 4x1 and 2x2 nodes x "
                        "ranks at 500, 250, 100 and 50 Mbit (the cluster flags are not used); writes matrix.json, "
                        "matrix.md and matrix.png to --out")
@@ -323,6 +325,15 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown system {bad[0]!r}; choose from {', '.join(SYSTEMS)}")
     if args.rounds < 1:
         raise UsageError("--rounds must be at least 1")
+    if args.schedules:
+        from .plan import KINDS
+        schedules = [x.strip() for x in args.schedules.split(",")]
+        if bad := [x for x in schedules if x not in KINDS]:
+            raise UsageError(f"unknown schedule {bad[0]!r} in --schedules; choose from {', '.join(KINDS)}")
+        if args.matrix:
+            raise UsageError("--schedules compares schedules in one cell: it does not combine with --matrix")
+        systems = tuple(f"{sc}/{p}" for sc in schedules for p in systems if p != "torch-1f1b") + \
+            tuple(p for p in systems if p == "torch-1f1b")
     preset = _emulated_preset(args)
     cfg = _config(args, steps=8)
     link = args.link or "250mbit"
@@ -340,7 +351,7 @@ def _bench(args: argparse.Namespace) -> int:
         prepare(cfg)
         print(f"dry run: would bench {', '.join(systems)} on {cluster.describe()}, {args.rounds} round(s)")
         return 0
-    print(f"bench: {cfg.model.name} {cfg.parallel.schedule} pp={cfg.parallel.pp} dp={cfg.parallel.dp} m={cfg.parallel.micro_batches}, "
+    print(f"bench: {cfg.model.name} {args.schedules or cfg.parallel.schedule} pp={cfg.parallel.pp} dp={cfg.parallel.dp} m={cfg.parallel.micro_batches}, "
           f"{cfg.tokens_per_step} tokens/step; {cluster.describe()}; {args.rounds} round(s) x {cfg.steps} steps "
           f"per system: {', '.join(systems)}", file=sys.stderr, flush=True)
     payload = bench.run(cfg, cluster, systems, args.rounds, emulated=preset.name if preset is not None else None)

@@ -1,5 +1,6 @@
 """Every system on the same model, data, seed, stages, testbed and process environment, in
-one run: the four trirace policies and torch.distributed.pipelining's Schedule1F1B.
+one run: the four trirace policies and torch.distributed.pipelining's Schedule1F1B. A
+system `SCHEDULE/POLICY` runs that schedule (the others run the job's).
 
 Systems run in interleaved rounds (A B C D E A B C D E) so that drift of a shared machine
 hits them alike; each run's first steps (warm-up) and last steps (drain) are dropped;
@@ -115,8 +116,9 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
         for _ in range(rounds):
             for sysname in systems:
                 peer = sysname == "torch-1f1b"
-                cfgs.append(base.with_(comm_policy="blocking" if peer else sysname,
-                                       schedule="1f1b" if peer else base.parallel.schedule))
+                schedule, policy = split_system(sysname, base.parallel.schedule)
+                cfgs.append(base.with_(comm_policy="blocking" if peer else policy,
+                                       schedule="1f1b" if peer else schedule))
                 names.append(sysname)
         runs = run_local(cfgs, systems=[PEER_RUNNER if n == "torch-1f1b" else "trirace" for n in names],
                          rank_command=rank_command, rank_env=rank_env)
@@ -164,8 +166,14 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
             "results": [asdict(r) for r in results]}
 
 
-def simulated(cfg: TrainConfig, cluster: Cluster, preset: str, policies: list[str]) -> dict[str, float]:
-    """The simulator's step for each policy on the real cluster the emulated job stands for
+def split_system(name: str, schedule: str) -> tuple[str, str]:
+    """(schedule, policy) of a system: `POLICY` runs `schedule`, `SCHEDULE/POLICY` its own."""
+    own, _, policy = name.rpartition("/")
+    return own or schedule, policy
+
+
+def simulated(cfg: TrainConfig, cluster: Cluster, preset: str, systems: list[str]) -> dict[str, float]:
+    """The simulator's step for each system on the real cluster the emulated job stands for
     (the same partition and placement, device times from the same figures, no shared
     cores), times the dilation: what the emulated run should measure."""
     from ..sim.cluster import load_cluster
@@ -174,7 +182,11 @@ def simulated(cfg: TrainConfig, cluster: Cluster, preset: str, policies: list[st
     em = cfg.emulation
     real = cfg.with_(emulate=None, dilation=None, byte_scale=None, topology=None)
     target = load_cluster(preset, nodes=cluster.nodes, ranks_per_node=cluster.ranks_per_node)
-    return {p: em.dilation * simulate(real, target, p).iteration_time_s for p in policies}
+    out = {}
+    for name in systems:
+        schedule, policy = split_system(name, cfg.parallel.schedule)
+        out[name] = em.dilation * simulate(real.with_(schedule=schedule), target, policy).iteration_time_s
+    return out
 
 
 def host_share(rows: list[dict]) -> dict[str, float] | None:
