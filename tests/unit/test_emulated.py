@@ -97,3 +97,40 @@ def test_bad_emulation_is_refused_in_one_line(bad, says):
     with pytest.raises(ConfigError, match=says) as e:
         make_config(dict(JOB, **bad)).spec
     assert "\n" not in str(e.value)
+
+
+def test_an_input_gradient_pass_takes_the_i_share_of_the_backward():
+    from trirace.models.devices import WEIGHT_GRAD_SHARE
+    from trirace.models.emulated import input_grad_only
+    layer = build_layers(_cfg(dilation=2_000_000.0, byte_scale=2).spec, 0)[1]  # a 60 ms backward
+    x = torch.zeros(2, 16, _cfg(byte_scale=2).spec.d_model, requires_grad=True)
+    took = {}
+    for part in ("whole", "input"):
+        y = layer(x)
+        t0 = time.perf_counter()
+        if part == "input":
+            with input_grad_only():
+                torch.autograd.grad(y.sum(), x)
+        else:
+            torch.autograd.grad(y.sum(), x)
+        took[part] = time.perf_counter() - t0
+    assert took["whole"] == pytest.approx(layer.backward_s, rel=0.1)
+    assert took["input"] == pytest.approx((1 - WEIGHT_GRAD_SHARE) * layer.backward_s, rel=0.1)
+
+
+def test_the_bench_simulates_the_emulated_run_on_its_own_links_and_the_real_cluster_as_it_is():
+    """The testbed's links give a collective the nominal rate; 100 GbE over TCP gives NCCL
+    about half of it (clusters.yaml), so the real cluster, simulated, is slower than the
+    emulated run's prediction over K, and the two agree where no collective runs."""
+    from trirace.bench.side_by_side import Cluster, simulated
+    cfg = _cfg(dilation=50.0, byte_scale=4, model="gpt2-medium", seq_len=1024, pp=2, dp=2, micro_batches=4,
+               memory_check=False)
+    cluster = Cluster(nodes=4, ranks_per_node=1, link=None)
+    here = simulated(cfg, cluster, "h100-100gbe", ["fifo", "1f1b/fifo"], testbed=True)
+    real = simulated(cfg, cluster, "h100-100gbe", ["fifo", "1f1b/fifo"], testbed=False)
+    assert here.keys() == real.keys() == {"fifo", "1f1b/fifo"}
+    for name in here:
+        assert here[name] / 50.0 < real[name]
+    one = cfg.with_(dp=1, pp=4)  # no replicas: nothing but P2P, the same on both
+    here, real = (simulated(one, cluster, "h100-100gbe", ["fifo"], testbed=t)["fifo"] for t in (True, False))
+    assert here / 50.0 == pytest.approx(real, rel=1e-6)

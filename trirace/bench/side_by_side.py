@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import statistics
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..config import TrainConfig
@@ -67,8 +67,10 @@ class Result:
     # the reporter's host over the steady steps: each kind's share of all its cores' time
     # (runtime/hostcpu.py); idle and irq are what no rank's CPU counts
     host_cpu_share: dict[str, float] | None = None
-    # --emulate PRESET: the simulator's step on the preset, times the dilation
+    # --emulate PRESET: the simulator's prediction of this emulated run (the testbed's links),
+    # and of the real cluster (the preset as it is, real seconds; the run's is step / K)
     simulated_s: float | None = None
+    simulated_real_s: float | None = None
 
 
 @contextmanager
@@ -156,13 +158,17 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
                               per_rank_median(rows[s], "rank_wakeups", per_second=True) if s in measured else None,
                               every[s], every_cpu[s] or None, host_share(rows[s])))
     if emulated is not None:
-        predicted = simulated(base, cluster, emulated, [s for s in systems if s != "torch-1f1b"])
+        ours = [s for s in systems if s != "torch-1f1b"]
+        run_here, real = simulated(base, cluster, emulated, ours, True), simulated(base, cluster, emulated, ours, False)
         for r in results:
-            r.simulated_s = predicted.get(r.system)
+            r.simulated_s, r.simulated_real_s = run_here.get(r.system), real.get(r.system)
     return {"config": {**{k: v for k, v in base.flat(mode="json").items() if k != "topology"}, "cluster": asdict(cluster),
                        "rounds": rounds, "warmup_steps": WARMUP_STEPS, "drain_steps": DRAIN_STEPS,
                        "lower_bound": {**asdict(reference), "binding": reference.binding,
-                                       "of": measured[0]}},
+                                       "of": measured[0]},
+                       "emulation": None if base.emulation is None else
+                       {"preset": emulated, "device": base.emulation.device, "dilation": base.emulation.dilation,
+                        "byte_scale": base.emulation.byte_scale}},
             "results": [asdict(r) for r in results]}
 
 
@@ -172,20 +178,28 @@ def split_system(name: str, schedule: str) -> tuple[str, str]:
     return own or schedule, policy
 
 
-def simulated(cfg: TrainConfig, cluster: Cluster, preset: str, systems: list[str]) -> dict[str, float]:
-    """The simulator's step for each system on the real cluster the emulated job stands for
-    (the same partition and placement, device times from the same figures, no shared
-    cores), times the dilation: what the emulated run should measure."""
+def simulated(cfg: TrainConfig, cluster: Cluster, preset: str, systems: list[str], testbed: bool) -> dict[str, float]:
+    """The simulator's step for each system, with the same partition, placement and device
+    times, and no shared cores (the ranks sleep).
+
+    `testbed`: the emulated run itself, in its seconds (times the dilation). Its links are
+    the preset's nominal rate / (K x s), which gloo's ring all-reduce gets in full over a
+    tbf link, two collectives of a group at once; so the preset's collective figures
+    (what NCCL achieves on the real fabric, for 100 GbE over TCP half the nominal rate)
+    are left out. Else: the real cluster, in its seconds, the preset as it is."""
     from ..sim.cluster import load_cluster
     from ..sim.simulate import simulate
 
     em = cfg.emulation
     real = cfg.with_(emulate=None, dilation=None, byte_scale=None, topology=None)
     target = load_cluster(preset, nodes=cluster.nodes, ranks_per_node=cluster.ranks_per_node)
+    if testbed:
+        target = replace(target, collective={}, collective_streams=2)
+    scale = em.dilation if testbed else 1.0
     out = {}
     for name in systems:
         schedule, policy = split_system(name, cfg.parallel.schedule)
-        out[name] = em.dilation * simulate(real.with_(schedule=schedule), target, policy).iteration_time_s
+        out[name] = scale * simulate(real.with_(schedule=schedule), target, policy).iteration_time_s
     return out
 
 
@@ -236,16 +250,19 @@ def markdown(payload: dict) -> str:
     head = ("| system | tokens/s | step (s) | rounds' medians (s) | lower bound (s) | overlap efficiency | vs blocking "
             "| exposed P2P (s) | exposed AllReduce (s) |")
     sim = any(r.get("simulated_s") is not None for r in payload["results"])
+    k = (payload["config"].get("emulation") or {}).get("dilation", 1.0)
     if sim:
-        head += " simulated (s) |"
-    lines = [head, "|" + "---|" * (10 if sim else 9)]
+        head += f" simulated (s) | on the real cluster: step / {k:g} (s) | the real cluster, simulated (s) |"
+    lines = [head, "|" + "---|" * (12 if sim else 9)]
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    fmt4 = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
     for r in payload["results"]:
         spread = " ".join(f"{x:.3f}" for x in r["round_steps_s"])
         lines.append(f"| {r['system']} | {r['tokens_per_s']:.0f} | {r['step_time_s']:.3f} | {spread} | "
                      f"{r['lower_bound_s']:.3f} | {r['overlap_efficiency']:.2f} | {r['vs_blocking']:.2f}x | "
                      f"{fmt(r['exposed_p2p_s'])} | {fmt(r['exposed_allreduce_s'])} |"
-                     + (f" {fmt(r.get('simulated_s'))} |" if sim else ""))
+                     + (f" {fmt(r.get('simulated_s'))} | {r['step_time_s'] / k:.4f} | "
+                        f"{fmt4(r.get('simulated_real_s'))} |" if sim else ""))
     return "\n".join(lines)
 
 
