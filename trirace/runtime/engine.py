@@ -24,6 +24,7 @@ from ..optim import UpdateRule
 from ..obs.timeline import Recorder
 from ..plan import Action, Op, Schedule
 from ..plan.schedule import p2p_groups
+from . import split_backward
 from .stage_comm import StageComm
 from .groups import Groups
 from .stage import StageModel
@@ -123,6 +124,7 @@ class Engine:
         self.inputs: dict[int, torch.Tensor] = {}  # received activation (requires grad)
         self.outputs: dict[int, torch.Tensor] = {}  # stage output, or the scaled loss on the last stage
         self.out_grads: dict[int, torch.Tensor] = {}  # received gradient of the output
+        self.weight_passes: dict[int, split_backward.WeightPass] = {}  # a split backward's W, from its I
         self.records: dict[int, StepRecord] = {}
         self.clock = ComputeClock(device, groups.control.log)
 
@@ -172,31 +174,34 @@ class Engine:
             torch.autograd.backward(y, self.out_grads.pop(k))
         self.comm.backward_ends(step, last)
 
+    def _weights(self, k: int) -> list[torch.Tensor]:
+        return list(self.model.module(self.sched.version_of_step(self.sched.step_of(k))).parameters())
+
     def input_grad(self, k: int) -> None:
         """I of a split backward: the gradient of the stage's input alone, which the
-        previous stage waits for. The graph stays for W. The first stage has no input
-        gradient: its W runs the whole backward."""
+        previous stage waits for (runtime/split_backward.py keeps what W needs). The
+        first stage has no input gradient: its W runs the whole backward."""
         if self.model.is_first:
             return
-        y, x = self.outputs[k], self.inputs[k]
+        y, x = self.outputs.pop(k), self.inputs[k]
+        g = None if self.model.is_last else self.out_grads.pop(k)
         with input_grad_only():
-            (x.grad,) = torch.autograd.grad(y, x, None if self.model.is_last else self.out_grads[k],
-                                            retain_graph=True)
+            x.grad, self.weight_passes[k] = split_backward.input_grad(y, g, x, self._weights(k),
+                                                                      split=not self.model.recompute)
 
     def weight_grad(self, k: int, unit: int) -> None:
-        """W of a split backward: the weight gradients, from the graph I kept. Autograd
-        walks the graph again down to the weights, which repeats I's input-gradient work
-        inside the stage (the price of splitting any layer list without rewriting its
-        layers); the reduction's chunks of a step are ready at its last W."""
+        """W of a split backward: the weight gradients; a step's reduction chunks are ready
+        at its last W."""
         step = self.sched.step_of(k)
         last = (k + 1) % self.m == 0
         self.comm.backward_begins(step, last, unit)
-        y = self.outputs.pop(k)
-        g = None if self.model.is_last else self.out_grads.pop(k)
-        module = self.model.module(self.sched.version_of_step(step))
-        torch.autograd.backward(y, g, inputs=list(module.parameters()))
-        if self.model.emulated_weight_s is not None and not self.model.is_first:
-            compute_for(self.model.emulated_weight_s)
+        if self.model.is_first:
+            y = self.outputs.pop(k)
+            torch.autograd.backward(y, None if self.model.is_last else self.out_grads.pop(k))
+        else:
+            split_backward.weight_grad(self.weight_passes.pop(k), self._weights(k))
+            if self.model.emulated_weight_s is not None:  # emulated weights lie outside the graph
+                compute_for(self.model.emulated_weight_s)
         self.comm.backward_ends(step, last)
 
     def await_update(self, step: int) -> tuple[float, bool]:

@@ -32,6 +32,7 @@ class StageModel:
         self.layers = layers
         self.is_first = layers.start == 0
         self.is_last = layers.stop == len(layer_names(spec))
+        self.recompute = recompute
         self.versions = [Layers(self._layers(spec, seed, layers), recompute).to(device) for _ in range(n_versions)]
         params = list(self.versions[0].parameters())
         self.numels = [p.numel() for p in params]
