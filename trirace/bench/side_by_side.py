@@ -250,7 +250,7 @@ def markdown(payload: dict) -> str:
     head = ("| system | tokens/s | step (s) | rounds' medians (s) | lower bound (s) | overlap efficiency | vs blocking "
             "| exposed P2P (s) | exposed AllReduce (s) |")
     sim = any(r.get("simulated_s") is not None for r in payload["results"])
-    k = (payload["config"].get("emulation") or {}).get("dilation", 1.0)
+    k = (payload.get("config", {}).get("emulation") or {}).get("dilation", 1.0)
     if sim:
         head += f" simulated (s) | on the real cluster: step / {k:g} (s) | the real cluster, simulated (s) |"
     lines = [head, "|" + "---|" * (12 if sim else 9)]
