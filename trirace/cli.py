@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "round's median as the spread (default: 3)")
     bench.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated (default: {','.join(SYSTEMS)})")
     bench.add_argument("--schedules", metavar="LIST", help="comma-separated schedules (e.g. 1f1b,zb-h1): every "
-                       "policy of --systems runs each, as the system SCHEDULE/POLICY (default: --schedule alone)")
+                       "policy of --systems runs each, as the system SCHEDULE/POLICY, and torch-1f1b becomes "
+                       "SCHEDULE/torch, torch's executor of 1f1b and zb-h1 (default: --schedule alone)")
     bench.add_argument("--matrix", action="store_true", help="every system in every cell of 4x1 and 2x2 nodes x "
                        "ranks at 500, 250, 100 and 50 Mbit (the cluster flags are not used); writes matrix.json, "
                        "matrix.md and matrix.png to --out")
@@ -332,8 +333,10 @@ def _bench(args: argparse.Namespace) -> int:
             raise UsageError(f"unknown schedule {bad[0]!r} in --schedules; choose from {', '.join(KINDS)}")
         if args.matrix:
             raise UsageError("--schedules compares schedules in one cell: it does not combine with --matrix")
+        from .bench.torch_peer import SCHEDULES as PEER_SCHEDULES
+        peer = "torch-1f1b" in systems
         systems = tuple(f"{sc}/{p}" for sc in schedules for p in systems if p != "torch-1f1b") + \
-            tuple(p for p in systems if p == "torch-1f1b")
+            tuple(f"{sc}/torch" for sc in schedules if peer and sc in PEER_SCHEDULES)
     preset = _emulated_preset(args)
     cfg = _config(args, steps=8)
     link = args.link or "250mbit"

@@ -4,6 +4,7 @@ policy computes the same losses; its ranks compute by sleeping, so their CPU sta
 
 import pytest
 
+from trirace.bench.side_by_side import PEER_RUNNER
 from trirace.config import make_config
 from trirace.obs.commcheck import check
 from trirace.policy import POLICIES
@@ -20,7 +21,22 @@ def runs(tmp_path_factory):
             for policy in POLICIES]
     # the split backward: emulated layers take the I share at I, the stage the W share at W
     cfgs += [make_config(base, schedule=schedule, comm_log=tmp / schedule) for schedule in ("1f1b", "zb-h1")]
-    return list(zip(cfgs, run_local(cfgs, timeout_s=240)))
+    # torch's executor of both schedules, on the same emulated model
+    peers = [make_config(base, schedule=schedule, comm_policy="blocking") for schedule in ("1f1b", "zb-h1")]
+    rows = run_local(cfgs + peers, systems=["trirace"] * len(cfgs) + [PEER_RUNNER] * len(peers), timeout_s=240)
+    PEERS.extend(zip(peers, rows[len(cfgs):]))
+    return list(zip(cfgs, rows[:len(cfgs)]))
+
+
+PEERS: list = []  # (config, rows) of the torch peer's runs
+
+
+def test_the_torch_peer_runs_the_emulated_model_with_the_same_losses(runs):
+    ours = {cfg.parallel.schedule: rows for cfg, rows in runs if cfg.parallel.schedule != "2bw"}
+    for cfg, rows in PEERS:
+        assert [r["loss"] for r in rows] == pytest.approx([r["loss"] for r in ours[cfg.parallel.schedule]], rel=1e-6)
+        # it sleeps the same device time, optimizer step included: a step as long as ours, within the spread
+        assert rows[-1]["step_time_s"] == pytest.approx(ours[cfg.parallel.schedule][-1]["step_time_s"], rel=0.25)
 
 
 def test_every_policy_runs_the_emulated_model_clean_under_nccl_rules(runs):

@@ -24,9 +24,21 @@ def runs() -> tuple[TrainConfig, list[dict], list[dict], list[dict]]:
     cfg = make_config(base, schedule="1f1b", comm_policy="blocking")
     # The other placement too: the peer's pipeline groups must follow the layout, not rank order.
     pp_inner = make_config(base, schedule="1f1b", comm_policy="blocking", rank_order="pp-inner")
-    peer, tri, peer_pp_inner = run_local([cfg, cfg, pp_inner], systems=[PEER_RUNNER, "trirace", PEER_RUNNER],
-                                         timeout_s=120)
+    zb = make_config(base, schedule="zb-h1", comm_policy="blocking")  # torch's zero bubble (ZB1P)
+    peer, tri, peer_pp_inner, peer_zb = run_local([cfg, cfg, pp_inner, zb],
+                                                  systems=[PEER_RUNNER, "trirace", PEER_RUNNER, PEER_RUNNER],
+                                                  timeout_s=120)
+    RUNS["zb"] = peer_zb
     return cfg, peer, tri, peer_pp_inner
+
+
+RUNS: dict[str, list[dict]] = {}
+
+
+def test_torch_zero_bubble_computes_1f1b_losses(runs):
+    _, _, tri, _ = runs
+    assert _max_rel(RUNS["zb"], tri) <= RTOL
+    assert {r["comm_policy"] for r in RUNS["zb"]} == {"torch-zb-h1"}
 
 
 def _max_rel(got: list[dict], want: list[dict]) -> float:

@@ -1,6 +1,7 @@
 """Every system on the same model, data, seed, stages, testbed and process environment, in
 one run: the four trirace policies and torch.distributed.pipelining's Schedule1F1B. A
-system `SCHEDULE/POLICY` runs that schedule (the others run the job's).
+system `SCHEDULE/POLICY` runs that schedule (the others run the job's), and `SCHEDULE/torch`
+runs it on torch's executor (1f1b, and zb-h1 as torch's zero bubble).
 
 Systems run in interleaved rounds (A B C D E A B C D E) so that drift of a shared machine
 hits them alike; each run's first steps (warm-up) and last steps (drain) are dropped;
@@ -117,12 +118,12 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
         cfgs, names = [], []
         for _ in range(rounds):
             for sysname in systems:
-                peer = sysname == "torch-1f1b"
                 schedule, policy = split_system(sysname, base.parallel.schedule)
-                cfgs.append(base.with_(comm_policy="blocking" if peer else policy,
-                                       schedule="1f1b" if peer else schedule))
+                if is_peer(sysname):  # torch-1f1b: 1f1b; SCHEDULE/torch: that schedule, torch's own
+                    policy, schedule = "blocking", "1f1b" if sysname == "torch-1f1b" else schedule
+                cfgs.append(base.with_(comm_policy=policy, schedule=schedule))
                 names.append(sysname)
-        runs = run_local(cfgs, systems=[PEER_RUNNER if n == "torch-1f1b" else "trirace" for n in names],
+        runs = run_local(cfgs, systems=[PEER_RUNNER if is_peer(n) else "trirace" for n in names],
                          rank_command=rank_command, rank_env=rank_env)
     rows: dict[str, list[dict]] = {s: [] for s in systems}
     every: dict[str, list[list[float]]] = {s: [] for s in systems}  # each round's steady step times
@@ -158,7 +159,7 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
                               per_rank_median(rows[s], "rank_wakeups", per_second=True) if s in measured else None,
                               every[s], every_cpu[s] or None, host_share(rows[s])))
     if emulated is not None:
-        ours = [s for s in systems if s != "torch-1f1b"]
+        ours = [s for s in systems if not is_peer(s)]
         run_here, real = simulated(base, cluster, emulated, ours, True), simulated(base, cluster, emulated, ours, False)
         for r in results:
             r.simulated_s, r.simulated_real_s = run_here.get(r.system), real.get(r.system)
@@ -170,6 +171,11 @@ def run(base: TrainConfig, cluster: Cluster, systems: tuple[str, ...] = SYSTEMS,
                        {"preset": emulated, "device": base.emulation.device, "dilation": base.emulation.dilation,
                         "byte_scale": base.emulation.byte_scale}},
             "results": [asdict(r) for r in results]}
+
+
+def is_peer(name: str) -> bool:
+    """torch.distributed.pipelining's executor: `torch-1f1b`, or `SCHEDULE/torch`."""
+    return name == "torch-1f1b" or name.endswith("/torch")
 
 
 def split_system(name: str, schedule: str) -> tuple[str, str]:

@@ -1,10 +1,12 @@
-"""The external baseline: torch.distributed.pipelining's 1F1B, plus data parallelism.
+"""The external baseline: torch.distributed.pipelining's 1F1B or zero bubble, plus data
+parallelism.
 
-What a user would run instead of trirace: `PipelineStage` + `Schedule1F1B` for each replica's
-pipeline, then one flattened, blocking all-reduce of each stage's gradients across its
-replicas and an optimizer step. Synchronous 1F1B (PipeDream-Flush): W(t+1) = W(t) - lr *
-grad f(W(t)), on the same stages, micro-batches, initial weights and optimizer as trirace,
-so its losses must match trirace's "1f1b" schedule step for step.
+What a user would run instead of trirace: `PipelineStage` and, for each replica's pipeline,
+`Schedule1F1B` (the job's schedule "1f1b") or `ScheduleInterleavedZeroBubble` with one stage
+per rank (ZB1P, torch's zero bubble: "zb-h1"), then one flattened, blocking all-reduce of
+each stage's gradients across its replicas and an optimizer step. Synchronous: W(t+1) = W(t)
+- lr * grad f(W(t)), on the same stages, micro-batches, initial weights and optimizer as
+trirace, so its losses must match trirace's "1f1b" schedule step for step.
 
 Support: pp >= 2 and micro_batches >= pp (Schedule1F1B's own limits; pp == 1 is not a
 pipeline, so it raises rather than silently measuring something else), `straggler` (as a
@@ -19,11 +21,13 @@ import time
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleavedZeroBubble
 
 from ..config import TrainConfig
 from ..errors import UsageError
-from ..models import build_layers, lm_loss
+from ..models import build_layers
+from ..models.build import loss_of
+from ..models.emulated import EmulatedLayer, compute_for
 from ..plan import Layout, stage_ranges
 from ..plan.planner import plan_job
 from ..runtime.link_probe import detect_topology
@@ -32,6 +36,11 @@ from ..obs.report import Reporter
 from ..runtime.trainer import default_device, measure_layers, plan_partition
 
 SYSTEM = "torch-1f1b"
+SCHEDULES = ("1f1b", "zb-h1")  # the job's schedules the peer runs with torch's own
+
+
+def system_name(schedule: str) -> str:
+    return f"torch-{schedule}"
 
 
 def run_peer(cfg: TrainConfig) -> list[dict] | None:
@@ -57,19 +66,27 @@ def run_peer(cfg: TrainConfig) -> list[dict] | None:
     params = list(model.parameters())
     opt_cls = torch.optim.Adam if cfg.optim.optimizer == "adam" else torch.optim.SGD
     optimizer = opt_cls(params, lr=cfg.optim.learning_rate)
+    emulated = [m for m in model if isinstance(m, EmulatedLayer)]
+    emulated_step_s = sum(m.optimizer_s for m in emulated) if emulated else None
 
-    inputs, outputs = _example_args(cfg, is_first, is_last)
+    inputs, outputs = _example_args(cfg, stage_ranges(sizes)[stage], is_first, is_last)
+    loss = loss_of(cfg.spec)
     pipe = PipelineStage(model, stage, cfg.parallel.pp, device, input_args=inputs, output_args=outputs, group=pipe_group)
-    # lm_loss is a mean over tokens, so the default scale_grads=True (sum the micro-batch
+    # The loss (lm_loss: a mean over tokens) is a mean, so the default scale_grads=True (sum the micro-batch
     # gradients, then divide by their number) gives the mean over micro-batches, as trirace's
     # loss / m does; the all-reduce below divides by dp for the mean over replicas. Every
     # stage gets loss_fn: the schedule runs backward only where it has one (a stage without
     # it skips backward and its peers wait forever), though only the last stage calls it.
-    schedule = Schedule1F1B(pipe, cfg.parallel.micro_batches, loss_fn=lm_loss, scale_grads=True)
+    if cfg.parallel.schedule == "zb-h1":
+        schedule = ScheduleInterleavedZeroBubble([pipe], cfg.parallel.micro_batches, loss_fn=loss,
+                                                 scale_grads=True)
+    else:
+        schedule = Schedule1F1B(pipe, cfg.parallel.micro_batches, loss_fn=loss, scale_grads=True)
+    name = system_name(cfg.parallel.schedule)
 
     m = cfg.parallel.micro_batches
     batch = batch_fn(cfg, sampler_for(cfg)) if is_first or is_last else None
-    report = Reporter(cfg.with_(schedule="1f1b", comm_policy=SYSTEM), sizes) \
+    report = Reporter(cfg.with_(comm_policy=name), sizes) \
         if is_last and replica == 0 else None
 
     dist.barrier()
@@ -93,13 +110,16 @@ def run_peer(cfg: TrainConfig) -> list[dict] | None:
         if dp_group is not None:
             dist.all_reduce(flat, group=dp_group)
             flat /= cfg.parallel.dp
-        optimizer.step()
+        if emulated_step_s is None:
+            optimizer.step()
+        else:  # emulated layers (--emulate): the device's time for the step, as trirace's stages take it
+            compute_for(emulated_step_s)
         flat.zero_()  # zeroing in place keeps every .grad a view of `flat`
 
         if is_last:
             loss = _mean_loss(losses, dp_group, cfg.parallel.dp, device)
             if report:  # the step ends once its loss is known: trirace's rows time the same span
-                report.step(t, time.perf_counter(), {"loss": loss, "comm_policy": SYSTEM})
+                report.step(t, time.perf_counter(), {"loss": loss, "comm_policy": name})
     dist.barrier()
     for g in groups:  # a worker may run more jobs: keep none of this one's (non-members' are no-ops)
         dist.destroy_process_group(g)
@@ -115,6 +135,9 @@ def _check(cfg: TrainConfig) -> None:
     if cfg.parallel.pp < 2:
         raise UsageError(f"{SYSTEM} is a pipeline baseline and needs pp >= 2 (got pp={cfg.parallel.pp}); "
                          "for pp=1 compare against plain data parallelism instead")
+    if cfg.parallel.schedule not in SCHEDULES:
+        raise UsageError(f"the torch peer runs {' and '.join(SCHEDULES)} (torch's Schedule1F1B and its zero bubble), "
+                         f"not {cfg.parallel.schedule}")
     if cfg.parallel.micro_batches < cfg.parallel.pp:
         raise UsageError(f"torch's Schedule1F1B needs micro_batches >= pp "
                          f"(got {cfg.parallel.micro_batches} < {cfg.parallel.pp})")
@@ -161,11 +184,13 @@ def _make_groups(layout: Layout, stage: int, replica: int,
     return pipe, dp, pipes + dps
 
 
-def _example_args(cfg: TrainConfig, is_first: bool, is_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _example_args(cfg: TrainConfig, layers: range, is_first: bool,
+                  is_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Static shapes for one micro-batch, as meta tensors: token ids -> hidden states ->
-    logits. Given both, PipelineStage skips its dynamic inference (an extra forward and
-    backward, and metadata exchange, in step 0). requires_grad matters: a received input
-    whose example lacks it gets no gradient sent back to the previous stage."""
+    logits (a custom or emulated model's last stage: whatever its layers make of their
+    input, run on meta tensors). Given both, PipelineStage skips its dynamic inference (an
+    extra forward and backward, and metadata exchange, in step 0). requires_grad matters:
+    a received input whose example lacks it gets no gradient sent back to the previous stage."""
     b, s, d, v = cfg.parallel.micro_batch_size, cfg.tokens_seq, cfg.spec.d_model, cfg.spec.vocab_size
     meta = torch.device("meta")
     if is_first:
@@ -173,6 +198,10 @@ def _example_args(cfg: TrainConfig, is_first: bool, is_last: bool) -> tuple[torc
     else:
         x = torch.empty(b, s, d, device=meta, requires_grad=True)
     y = torch.empty(b, s, v if is_last else d, device=meta, requires_grad=True)
+    if is_last and cfg.spec.custom is not None:
+        with meta:
+            shape = nn.Sequential(*build_layers(cfg.spec, cfg.seed, layers))(x.detach()).shape
+        y = torch.empty(shape, device=meta, requires_grad=True)
     return x, y
 
 
