@@ -134,3 +134,12 @@ def test_the_bench_simulates_the_emulated_run_on_its_own_links_and_the_real_clus
     one = cfg.with_(dp=1, pp=4)  # no replicas: nothing but P2P, the same on both
     here, real = (simulated(one, cluster, "h100-100gbe", ["fifo"], testbed=t)["fifo"] for t in (True, False))
     assert here / 50.0 == pytest.approx(real, rel=1e-6)
+
+
+def test_the_partition_of_an_emulated_job_weighs_the_device_times_not_the_sleeps():
+    from trirace.runtime.trainer import measure_layers
+    cfg = _cfg(dilation=30.0, byte_scale=2)
+    em = cfg.emulation
+    got = measure_layers(cfg)
+    assert got == [30.0 * (f + b) for f, b in zip(em.times.forward_s, em.times.backward_s)]
+    assert got == measure_layers(cfg)  # every run of the job: the same partition

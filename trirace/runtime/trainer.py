@@ -40,7 +40,11 @@ from .step_metrics import StepMetrics
 def measure_layers(cfg: TrainConfig, sampler: BatchSampler | None = None,
                    device: torch.device | None = None) -> list[float]:
     """Seconds of forward + backward per layer, measured here on the job's first micro-batch,
-    on `device` (default: the one the job's ranks compute on)."""
+    on `device` (default: the one the job's ranks compute on). Emulated layers (--emulate)
+    take the device's times, dilated: what their sleeps take, without the sleeps' noise, so
+    every run of a job gets the same partition."""
+    if (em := cfg.emulation) is not None:
+        return [em.dilation * (f + b) for f, b in zip(em.times.forward_s, em.times.backward_s)]
     inputs, targets = batch_fn(cfg, sampler or sampler_for(cfg))(0, 0)
     return profile_layers(cfg.spec, inputs, targets, cfg.seed, device=device or job_device(cfg))
 
