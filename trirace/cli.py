@@ -339,6 +339,8 @@ def _bench(args: argparse.Namespace) -> int:
             tuple(f"{sc}/torch" for sc in schedules if peer and sc in PEER_SCHEDULES)
     preset = _emulated_preset(args)
     cfg = _config(args, steps=8)
+    if args.schedules:  # the placement and the header follow the first schedule listed
+        cfg = cfg.with_(schedule=args.schedules.split(",")[0].strip())
     link = args.link or "250mbit"
     if preset is not None and args.link is None:
         link = _emulated_link(cfg, preset)

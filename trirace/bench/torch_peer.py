@@ -2,11 +2,11 @@
 parallelism.
 
 What a user would run instead of trirace: `PipelineStage` and, for each replica's pipeline,
-`Schedule1F1B` (the job's schedule "1f1b") or `ScheduleInterleavedZeroBubble` with one stage
-per rank (ZB1P, torch's zero bubble: "zb-h1"), then one flattened, blocking all-reduce of
-each stage's gradients across its replicas and an optimizer step. Synchronous: W(t+1) = W(t)
-- lr * grad f(W(t)), on the same stages, micro-batches, initial weights and optimizer as
-trirace, so its losses must match trirace's "1f1b" schedule step for step.
+`Schedule1F1B`, or for a "zb-h1" job `ScheduleInterleavedZeroBubble` with one stage per rank
+(torch's zero bubble, ZB1P), then one flattened, blocking all-reduce of each stage's
+gradients across its replicas and an optimizer step. Synchronous: W(t+1) = W(t) - lr *
+grad f(W(t)), on the same stages, micro-batches, initial weights and optimizer as trirace,
+so its losses must match trirace's "1f1b" schedule step for step.
 
 Support: pp >= 2 and micro_batches >= pp (Schedule1F1B's own limits; pp == 1 is not a
 pipeline, so it raises rather than silently measuring something else), `straggler` (as a
@@ -77,16 +77,17 @@ def run_peer(cfg: TrainConfig) -> list[dict] | None:
     # loss / m does; the all-reduce below divides by dp for the mean over replicas. Every
     # stage gets loss_fn: the schedule runs backward only where it has one (a stage without
     # it skips backward and its peers wait forever), though only the last stage calls it.
-    if cfg.parallel.schedule == "zb-h1":
+    kind = "zb-h1" if cfg.parallel.schedule == "zb-h1" else "1f1b"  # any other job: the 1F1B baseline
+    if kind == "zb-h1":
         schedule = ScheduleInterleavedZeroBubble([pipe], cfg.parallel.micro_batches, loss_fn=loss,
                                                  scale_grads=True)
     else:
         schedule = Schedule1F1B(pipe, cfg.parallel.micro_batches, loss_fn=loss, scale_grads=True)
-    name = system_name(cfg.parallel.schedule)
+    name = system_name(kind)
 
     m = cfg.parallel.micro_batches
     batch = batch_fn(cfg, sampler_for(cfg)) if is_first or is_last else None
-    report = Reporter(cfg.with_(comm_policy=name), sizes) \
+    report = Reporter(cfg.with_(schedule=kind, comm_policy=name), sizes) \
         if is_last and replica == 0 else None
 
     dist.barrier()
@@ -135,9 +136,6 @@ def _check(cfg: TrainConfig) -> None:
     if cfg.parallel.pp < 2:
         raise UsageError(f"{SYSTEM} is a pipeline baseline and needs pp >= 2 (got pp={cfg.parallel.pp}); "
                          "for pp=1 compare against plain data parallelism instead")
-    if cfg.parallel.schedule not in SCHEDULES:
-        raise UsageError(f"the torch peer runs {' and '.join(SCHEDULES)} (torch's Schedule1F1B and its zero bubble), "
-                         f"not {cfg.parallel.schedule}")
     if cfg.parallel.micro_batches < cfg.parallel.pp:
         raise UsageError(f"torch's Schedule1F1B needs micro_batches >= pp "
                          f"(got {cfg.parallel.micro_batches} < {cfg.parallel.pp})")

@@ -59,7 +59,8 @@ class Bound:
 
 def plan_link_bytes(plan: JobPlan, micro_batches: int, activation_bytes: int,
                     table_sent: float | None = None, tie_bytes: float = 0.0,
-                    collective_factor: float = 1.0) -> dict[tuple[int, str], float]:
+                    collective_factor: float = 1.0, p2p: bool = True,
+                    reductions: bool = True) -> dict[tuple[int, str], float]:
     """Bytes per step on each (node, "up"|"down") inter-node link under `plan`.
 
     P2P: every micro-batch's activations forward and gradients back. Reductions, per
@@ -71,7 +72,8 @@ def plan_link_bytes(plan: JobPlan, micro_batches: int, activation_bytes: int,
     which no direct exchange beats on a node's links. `tie_bytes`: the tied weight's
     gradient, all-reduced between each pipeline's two ends. `collective_factor`: bytes a
     collective moves across nodes per payload byte at the nominal rate (the cluster's bus
-    bandwidth, sim/cluster.py); P2P moves at the nominal rate."""
+    bandwidth, sim/cluster.py); P2P moves at the nominal rate. `p2p`, `reductions`: which
+    of the two to count (both, by default)."""
     layout, topo = plan.layout, plan.topology
     load: dict[tuple[int, str], float] = {}
 
@@ -84,10 +86,10 @@ def plan_link_bytes(plan: JobPlan, micro_batches: int, activation_bytes: int,
         for i, r in enumerate(members):
             add(r, members[(i + 1) % len(members)], collective_factor * per_member)
 
-    for a, b in layout.p2p_pairs():
+    for a, b in layout.p2p_pairs() if p2p else ():
         add(a, b, micro_batches * activation_bytes)
         add(b, a, micro_batches * activation_bytes)
-    for st in plan.stages:
+    for st in plan.stages if reductions else ():
         if not st.reduces:
             continue
         dense = float(st.grad_bytes)
@@ -103,7 +105,7 @@ def plan_link_bytes(plan: JobPlan, micro_batches: int, activation_bytes: int,
         n = len(members)
         if n > 1:
             ring(members, 2 * (n - 1) / n * dense)
-    for a, b in plan.tie_pairs():  # a two-member ring: each end sends the other the whole gradient
+    for a, b in plan.tie_pairs() if reductions else ():  # a two-member ring: each end sends the other the whole gradient
         ring([a, b], tie_bytes)
     return load
 

@@ -69,11 +69,14 @@ def _predict(cfg: TrainConfig, plans: list[JobPlan], sizes: list[int],
     per_layer = (layer_times() if layer_times is not None else None) or [0.0] * sum(sizes)
     compute = cfg.parallel.micro_batches * max(sum(per_layer[i] for i in layers) for layers in stage_ranges(sizes))
     rows = sparse_cost.expected_rows(cfg.spec.vocab_size, cfg.tokens_per_replica_step)
+    flushed = plans[0].schedule.staleness == 0  # its reductions follow the step's last backward
+
+    def load(p: JobPlan, **parts: bool) -> dict:
+        return plan_link_bytes(p, cfg.parallel.micro_batches, cfg.activation_bytes, table_sent(cfg, p, rows),
+                               collective_factor=collective_factor, **parts)
     return placement.rank([
-        placement.score(p.layout.order, p.layout, p.topology,
-                        plan_link_bytes(p, cfg.parallel.micro_batches, cfg.activation_bytes, table_sent(cfg, p, rows),
-                                        collective_factor=collective_factor),
-                        compute, cfg.activation_bytes) for p in plans])
+        placement.score(p.layout.order, p.layout, p.topology, load(p, reductions=not flushed), compute,
+                        cfg.activation_bytes, load(p, p2p=False) if flushed else None) for p in plans])
 
 
 def table_sent(cfg: TrainConfig, plan: JobPlan, rows_touched: float) -> float | None:
