@@ -81,3 +81,20 @@ def test_trirace_chunks_bound_how_long_an_overtaking_p2p_waits(rate):
     assert 256 * 1024 <= p.partition_bytes <= 8 * MiB
     assert p.partition_bytes / bw <= 0.1 + 1e-9 or p.partition_bytes == 256 * 1024
     assert p.credit_bytes == 2 * p.partition_bytes
+
+
+def test_trirace_chunks_grow_with_the_replicas_they_ring_over():
+    """A ring over n members pays 2(n - 1) latencies per chunk: at thousands of replicas a
+    chunk sized for the link alone would be mostly latency, so it grows to keep that a
+    small share; at a few replicas the link alone sizes it."""
+    from trirace.policy.policies import LATENCY_SHARE, sized_for_link
+
+    slow = parse_rate("250mbit") / 8  # the testbed: 4 replicas, 100 us
+    assert sized_for_link(make_policy("trirace"), slow, group_size=4, latency_s=1e-4).partition_bytes == \
+        sized_for_link(make_policy("trirace"), slow).partition_bytes
+    bw, lat = 200e9, 5e-6  # InfiniBand-class
+    many = sized_for_link(make_policy("trirace"), bw, group_size=2048, latency_s=lat)
+    assert many.partition_bytes >= 2048 * lat * bw / LATENCY_SHARE - 64 * 1024
+    ring_latency = 2 * 2047 * lat
+    ring_bytes = 2 * 2047 / 2048 * many.partition_bytes / bw
+    assert ring_latency <= LATENCY_SHARE * ring_bytes * 1.01

@@ -103,7 +103,9 @@ def _stages(cfg: TrainConfig, topology: Topology, sizes: list[int], layout: Layo
     for s, layers in enumerate(stage_ranges(sizes)):
         ranks = tuple(layout.dp_group(s))
         link_cls = topology.group_link(list(ranks))
-        policy = stage_policy(cfg.comm.policy, cfg.comm.partition_mb, cfg.comm.credit_mb, topology.link(link_cls).bytes_per_s)
+        link = topology.link(link_cls)
+        policy = stage_policy(cfg.comm.policy, cfg.comm.partition_mb, cfg.comm.credit_mb, link.bytes_per_s,
+                              len(ranks), link.latency_s)
         numels = [n for i in layers for n in by_layer[i]]
         first = sum(len(n) for n in by_layer[:layers.start])  # whole-model index of my first parameter
         is_first, is_last = layers.start == 0, layers.stop == n_layers

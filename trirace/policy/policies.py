@@ -62,19 +62,34 @@ def make_policy(name: str, partition_mb: float | None = None, credit_mb: float |
     raise UsageError(f"unknown communication policy {name!r}; choose from {', '.join(POLICIES)}")
 
 
-def sized_for_link(policy: Policy, bytes_per_s: float, max_wait_s: float = 0.1) -> Policy:
+# A chunk's ring all-reduce pays 2(n - 1) link latencies beside its 2(n - 1)/n bytes per
+# byte; chunks are made large enough that the latencies take at most this share of the
+# bytes' time.
+LATENCY_SHARE = 0.25
+
+
+def sized_for_link(policy: Policy, bytes_per_s: float, max_wait_s: float = 0.1, group_size: int = 2,
+                   latency_s: float = 0.0) -> Policy:
     """trirace's chunk size follows the link: a P2P transfer that arrives behind a chunk
-    waits at most about `max_wait_s`. Callers pass a bandwidth every member of the group
-    agrees on (the broadcast probe), since chunking must be identical across the group."""
-    chunk = int(min(max(bytes_per_s * max_wait_s, 256 * 1024), 8 * MiB)) // (64 * 1024) * (64 * 1024)
+    waits at most about `max_wait_s`; and it follows the group: over n members a chunk
+    needs n * latency * bandwidth / LATENCY_SHARE bytes for its ring's 2(n - 1) latencies
+    to stay a small part of its time, which at thousands of replicas means the whole
+    gradient in one piece (at 2048 replicas over 5 us links of 200 GB/s, 8 GB). Callers
+    pass figures every member of the group agrees on (the broadcast probe), since chunking
+    must be identical across the group."""
+    chunk = min(max(bytes_per_s * max_wait_s, 256 * 1024), 8 * MiB)
+    chunk = max(chunk, group_size * latency_s * bytes_per_s / LATENCY_SHARE)
+    chunk = int(chunk) // (64 * 1024) * (64 * 1024)
     return replace(policy, partition_bytes=chunk, credit_bytes=2 * chunk)
 
 
-def stage_policy(name: str, partition_mb: float | None, credit_mb: float | None, group_link_bytes_per_s: float) -> Policy:
+def stage_policy(name: str, partition_mb: float | None, credit_mb: float | None, group_link_bytes_per_s: float,
+                 group_size: int = 2, group_link_latency_s: float = 0.0) -> Policy:
     """The policy one stage runs, as both executors build it: the named policy with the
     flags' sizes, or, for trirace without explicit sizes, chunks sized for the link the
-    stage's gradient reduction crosses."""
+    stage's gradient reduction crosses and the replicas it spans."""
     policy = make_policy(name, partition_mb, credit_mb)
     if name == "trirace" and partition_mb is None and credit_mb is None:
-        policy = sized_for_link(policy, group_link_bytes_per_s)
+        policy = sized_for_link(policy, group_link_bytes_per_s, group_size=group_size,
+                                latency_s=group_link_latency_s)
     return policy
