@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from trirace.bench.placement import auto_order, cell_config, run_cell
@@ -132,3 +134,22 @@ def test_auto_placement_weighs_collectives_at_the_bus_bandwidth():
         assert c.link_s == pytest.approx(max(nominal.values()) / SLOW.bytes_per_s)
         assert slow[order].link_s >= c.link_s
     assert any(slow[o].link_s > plain[o].link_s for o in plain)  # some candidate's busiest NIC carries a reduction
+
+
+def test_a_flushed_schedule_keeps_its_reductions_off_the_nics():
+    """1f1b reduces after its last backward, with nothing left to hide the reduction
+    behind; 2bw hides it under the next step. On 4 nodes of 2 GPUs with one 100 GbE NIC
+    each, as emulated in docs/benchmarks/zero-bubble_emulated_2026-12-08.md (collectives at
+    the link's rate), with enough compute per step to hide 2bw's reduction (16 micro-batches
+    of 2), auto keeps 1f1b's replicas within a node and 2bw's pipelines, and each pick
+    simulates no slower than the other order."""
+    cluster = replace(load_cluster("h100-100gbe", nodes=4, ranks_per_node=2), collective={}, collective_streams=2)
+    picks = {}
+    for schedule in ("1f1b", "2bw"):
+        cfg = cell_config("gpt2-medium", 4, 2, 16, 2, steps=4).with_(schedule=schedule)
+        picks[schedule] = auto_order(cfg, cluster)
+        other = "pp-inner" if picks[schedule] == "dp-inner" else "dp-inner"
+        times = {o: simulate(cfg.with_(rank_order=o), cluster, "trirace").iteration_time_s
+                 for o in (picks[schedule], other)}
+        assert times[picks[schedule]] <= times[other], (schedule, times)
+    assert picks == {"1f1b": "dp-inner", "2bw": "pp-inner"}
