@@ -326,9 +326,9 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown system {bad[0]!r}; choose from {', '.join(SYSTEMS)}")
     if args.rounds < 1:
         raise UsageError("--rounds must be at least 1")
-    if args.schedules:
+    schedules = [x.strip() for x in args.schedules.split(",")] if args.schedules else []
+    if schedules:
         from .plan import KINDS
-        schedules = [x.strip() for x in args.schedules.split(",")]
         if bad := [x for x in schedules if x not in KINDS]:
             raise UsageError(f"unknown schedule {bad[0]!r} in --schedules; choose from {', '.join(KINDS)}")
         if args.matrix:
@@ -339,8 +339,8 @@ def _bench(args: argparse.Namespace) -> int:
             tuple(f"{sc}/torch" for sc in schedules if peer and sc in PEER_SCHEDULES)
     preset = _emulated_preset(args)
     cfg = _config(args, steps=8)
-    if args.schedules:  # the placement and the header follow the first schedule listed
-        cfg = cfg.with_(schedule=args.schedules.split(",")[0].strip())
+    if schedules:  # the placement and the header follow the first schedule listed
+        cfg = cfg.with_(schedule=schedules[0])
     link = args.link or "250mbit"
     if preset is not None and args.link is None:
         link = _emulated_link(cfg, preset)

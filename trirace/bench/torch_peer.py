@@ -27,7 +27,7 @@ from ..config import TrainConfig
 from ..errors import UsageError
 from ..models import build_layers
 from ..models.build import loss_of
-from ..models.emulated import EmulatedLayer, compute_for
+from ..models.emulated import compute_for, step_seconds
 from ..plan import Layout, stage_ranges
 from ..plan.planner import plan_job
 from ..runtime.link_probe import detect_topology
@@ -66,8 +66,7 @@ def run_peer(cfg: TrainConfig) -> list[dict] | None:
     params = list(model.parameters())
     opt_cls = torch.optim.Adam if cfg.optim.optimizer == "adam" else torch.optim.SGD
     optimizer = opt_cls(params, lr=cfg.optim.learning_rate)
-    emulated = [m for m in model if isinstance(m, EmulatedLayer)]
-    emulated_step_s = sum(m.optimizer_s for m in emulated) if emulated else None
+    emulated_step_s = step_seconds(model)
 
     inputs, outputs = _example_args(cfg, stage_ranges(sizes)[stage], is_first, is_last)
     loss = loss_of(cfg.spec)

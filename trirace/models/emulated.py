@@ -150,6 +150,13 @@ class EmulatedLayer(nn.Module):
         return _Compute.apply(x, self.forward_s, self.backward_s)
 
 
+def step_seconds(layers: nn.Module) -> float | None:
+    """The optimizer step's time for the emulated layers among `layers` (which update
+    nothing and take this instead), or None where none is emulated (a real step)."""
+    emulated = [m for m in layers if isinstance(m, EmulatedLayer)]
+    return sum(m.optimizer_s for m in emulated) if emulated else None
+
+
 def emulated_loss(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """A scalar that depends on every output value (so backward reaches every layer)."""
     return out.float().mean()

@@ -231,9 +231,9 @@ def compute_order(kind: str, n_stages: int, micro_batches: int, steps: int) -> l
 
 def lower_p2p(order: list[list[Action]]) -> list[list[Action]]:
     """Insert each computation's transfers: receive right before it, send right after
-(a split backward's transfers go with its I; its W has none).
-    Adjacent transfers form one group that the runtime posts together (receives first),
-    which is what keeps 1F1B's crossing sends from deadlocking."""
+    (a split backward's transfers go with its I; its W has none). Adjacent transfers form
+    one group that the runtime posts together (receives first), which is what keeps 1F1B's
+    crossing sends from deadlocking."""
     d = len(order)
     lowered = []
     for s, acts in enumerate(order):

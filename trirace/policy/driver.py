@@ -32,6 +32,7 @@ from . import launch_plan
 from .policies import Policy
 
 ESTIMATE_LAG = 4  # a step's chunks are placed with the compute figures of a step this much older
+TIMED_OPS = (Op.F, Op.B, Op.I, Op.W, Op.OPT)  # the actions whose mean time observe_compute learns
 
 
 class StageDriver:
@@ -72,8 +73,8 @@ class StageDriver:
         return self.chunks[step]
 
     def observe_compute(self, step: int, seconds: dict[Op, float]) -> None:
-        """Step `step`'s compute per action (F, B, OPT), the same figures on every rank of
-        the stage."""
+        """Step `step`'s compute per action (of TIMED_OPS), the same figures on every rank
+        of the stage."""
         self.estimates[step] = dict(seconds)
 
     def _estimate(self, step: int) -> dict[Op, float] | None:

@@ -164,14 +164,22 @@ class Engine:
             time.sleep(self.delay_s)
 
     def backward(self, k: int, unit: int) -> None:
+        """B, or a split backward's W: the weight gradients of micro-batch k (a step's
+        reduction chunks are ready at its last). After an I, W resumes from what the I kept;
+        else (B, or W on the first stage, which takes no input gradient) the whole pass."""
         step = self.sched.step_of(k)
         last = (k + 1) % self.m == 0
         self.comm.backward_begins(step, last, unit)
-        y = self.outputs.pop(k)
-        if self.model.is_last:
-            y.backward()
+        if k in self.weight_passes:
+            split_backward.weight_grad(self.weight_passes.pop(k), self._weights(k))
+            if self.model.emulated_weight_s is not None:  # emulated weights lie outside the graph
+                compute_for(self.model.emulated_weight_s)
         else:
-            torch.autograd.backward(y, self.out_grads.pop(k))
+            y = self.outputs.pop(k)
+            if self.model.is_last:
+                y.backward()
+            else:
+                torch.autograd.backward(y, self.out_grads.pop(k))
         self.comm.backward_ends(step, last)
 
     def _weights(self, k: int) -> list[torch.Tensor]:
@@ -188,21 +196,6 @@ class Engine:
         with input_grad_only():
             x.grad, self.weight_passes[k] = split_backward.input_grad(y, g, x, self._weights(k),
                                                                       split=not self.model.recompute)
-
-    def weight_grad(self, k: int, unit: int) -> None:
-        """W of a split backward: the weight gradients; a step's reduction chunks are ready
-        at its last W."""
-        step = self.sched.step_of(k)
-        last = (k + 1) % self.m == 0
-        self.comm.backward_begins(step, last, unit)
-        if self.model.is_first:
-            y = self.outputs.pop(k)
-            torch.autograd.backward(y, None if self.model.is_last else self.out_grads.pop(k))
-        else:
-            split_backward.weight_grad(self.weight_passes.pop(k), self._weights(k))
-            if self.model.emulated_weight_s is not None:  # emulated weights lie outside the graph
-                compute_for(self.model.emulated_weight_s)
-        self.comm.backward_ends(step, last)
 
     def await_update(self, step: int) -> tuple[float, bool]:
         """What OPT waits for: the tied weight's reduction, then the step's global norm, which
@@ -268,12 +261,10 @@ class Engine:
         self.comm.log.compute(str(a))
         if a.op is Op.F:
             self.forward(a.index)
-        elif a.op is Op.B:
+        elif a.op.ends_backward:
             self.backward(a.index, unit)
         elif a.op is Op.I:
             self.input_grad(a.index)
-        elif a.op is Op.W:
-            self.weight_grad(a.index, unit)
         else:
             self.update(a.index)
         step = self.sched.step_of_action(a)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.graph import GradientEdge, Node
+from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
 
 @dataclass
@@ -39,11 +39,7 @@ class WeightPass:
 
 def _node_of(t: torch.Tensor) -> Node | None:
     """The graph node whose gradient is t's: its grad_fn, or a leaf's accumulator."""
-    if t.grad_fn is not None:
-        return t.grad_fn
-    if t.requires_grad:  # a leaf: its AccumulateGrad sits behind a view of it
-        return t.view_as(t).grad_fn.next_functions[0][0]
-    return None
+    return get_gradient_edge(t).node if t.requires_grad else None
 
 
 def _graph(root: Node) -> tuple[dict[Node, list[Node]], list[Node], dict[Node, int]]:
@@ -127,12 +123,12 @@ def weight_grad(pending: WeightPass, params: Sequence[torch.Tensor]) -> None:
             if g is not None:
                 edges.append(GradientEdge(c, i))
                 grads.append(g)
-    keep = [(p, n) for p in params if (n := _node_of(p)) is not None]
+    keep = [p for p in params if p.requires_grad]
     if not edges or not keep:
         return
-    dws = torch.autograd.grad(edges, [GradientEdge(n, 0) for _, n in keep], grads, allow_unused=True)
+    dws = torch.autograd.grad(edges, [get_gradient_edge(p) for p in keep], grads, allow_unused=True)
     with torch.no_grad():
-        for (p, _), dw in zip(keep, dws):
+        for p, dw in zip(keep, dws):
             if dw is None:
                 continue
             if p.grad is None:

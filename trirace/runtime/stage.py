@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from ..models import ModelSpec, build_layers, layer_names
 from ..models.build import head_name, table_name, tie_in_place
 from ..models.devices import WEIGHT_GRAD_SHARE
-from ..models.emulated import EmulatedLayer, compute_for
+from ..models.emulated import EmulatedLayer, compute_for, step_seconds
 from ..models.layers import Block, LlamaBlock
 from ..optim import dc_correct, make_optimizer, muon_matrices
 
@@ -57,8 +57,8 @@ class StageModel:
         matrices = {id(m) for m, p in zip(self.master, params) if id(p) in hidden}
         self.optimizer = make_optimizer(self.master, optimizer, lr, weight_decay, matrices)
         # Emulated layers (--emulate) update nothing: the step takes the device's time instead.
+        self.emulated_step_s = step_seconds(self.versions[0])
         emulated = [m for m in self.versions[0] if isinstance(m, EmulatedLayer)]
-        self.emulated_step_s = sum(m.optimizer_s for m in emulated) if emulated else None
         # A split backward's W: emulated parameters are outside the graph, so it takes the
         # W share of the stage's backward here (its I took the rest, layer by layer).
         self.emulated_weight_s = sum(m.backward_s for m in emulated) * WEIGHT_GRAD_SHARE if emulated else None

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from ..plan import Op
+from ..policy.driver import TIMED_OPS
 from ..policy.policies import MiB
 from ..config import TrainConfig
 from ..obs.memory import peak_rss_mb, rss_mb
@@ -32,7 +32,7 @@ class StepMetrics:
               "val_count", "grad_norm", "lr", "skipped")
     # per-rank figures: each rank fills its own slot of each (a sum of them is a gather)
     PER_RANK = ("compute_cpu", "tied", "rss", "peak_rss", "process_cpu", "engine_cpu", "wakeups",
-                "F_s", "B_s", "I_s", "W_s", "OPT_s")  # the last five: mean seconds per action of that kind
+                *(f"{op.value}_s" for op in TIMED_OPS))  # the last ones: mean seconds per action of that kind
     METHODS = ("dense", "allgather", "alltoall")  # embedding_method is sent as 1 + its index
     LAG = 2
 
@@ -113,7 +113,7 @@ class StepMetrics:
             self.comm.tuner.observe(step, v["step_time_s"] / world)
         replicas = self.g.plan.stages[self.g.stage].ranks  # the slowest replica of my stage
         self.comm.observe_compute(step, {op: max(times[r] for r in replicas)
-                                         for op, times in zip((Op.F, Op.B, Op.I, Op.W, Op.OPT), per_op)})
+                                         for op, times in zip(TIMED_OPS, per_op)})
         if self.report is None:
             return
         row = {"loss": v["loss"] / self.cfg.parallel.dp,  # only last-stage ranks contribute a loss

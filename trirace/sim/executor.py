@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..policy import Policy
-from ..policy.driver import StageDriver
+from ..policy.driver import TIMED_OPS, StageDriver
 from ..obs.timeline import Recorder
 from ..plan import Action, Op, Schedule
 from ..plan.schedule import p2p_groups, peer_stage, transfer_ends
@@ -219,7 +219,7 @@ class _Rank:
         if old < 0 or any(f is None for f in figures):
             return
         self.driver.observe_compute(old, {op: max(f[op][0] / f[op][1] for f in figures if op in f)
-                                          for op in (Op.F, Op.B, Op.I, Op.W, Op.OPT) if any(op in f for f in figures)})
+                                          for op in TIMED_OPS if any(op in f for f in figures)})
         self.op_s.pop(old - 4, None)  # every replica is past it
 
     def _gradient_final(self, step: int) -> None:
