@@ -14,10 +14,9 @@ its replicas: at the end of the step's last backward when there are no replicas;
 otherwise at the sum point the plan gives it (policy/driver.py: `summed_at`), or at AR.
 None waits for a later action of the engine. Issued at AR, the contributions would make
 every stage wait at OPT for the slowest to reach its AR: a barrier at every step of a
-pipeline that never flushes. Only the
-update (OPT) waits for the result, and with OPT at its deadline every stage's contribution
-needs only actions that precede every stage's OPT (`validate` with `global_update=True`
-proves it for the schedule in use). The communicator is gloo on the host, so the
+pipeline that never flushes. Only the update (OPT) waits for the result, and with OPT at
+its deadline every stage's contribution needs only actions that precede every stage's OPT
+(`validate` with `global_update=True` proves it for the schedule in use). The communicator is gloo on the host, so the
 all-reduce never occupies the device.
 
 Contributions go out in step order; `ready()` issues strictly in order even if asked out

@@ -8,11 +8,11 @@ and completes on a `Waiter`. A sparse exchange is several dependent collectives
 after each later unit waits for the one in flight and launches the next, so the exchange
 overlaps the step's computation a collective at a time. It has a communicator of its own
 (groups.py: `rows`), so its collectives never queue behind the dense chunks' bytes. A
-hierarchical all-reduce runs to completion where it is launched. At the plan's sum point (or at AR) the engine finishes
-the step's exchanges, waits for every chunk of the step and issues the step's norm
-contribution (gradnorm.py); AR then divides; where table and head are one weight, OPT
-reduces it across the ends of the pipeline. Blocking: AR runs every chunk in order, each
-to completion.
+hierarchical all-reduce runs to completion where it is launched. At the plan's sum point
+(or at AR) the engine finishes the step's exchanges, waits for every chunk of the step and
+issues the step's norm contribution (gradnorm.py); AR then divides; where table and head
+are one weight, OPT reduces it across the ends of the pipeline. Blocking: AR runs every
+chunk in order, each to completion.
 """
 
 from __future__ import annotations
